@@ -1,0 +1,93 @@
+"""Training-step speed of SA-MLP, SA-MoE and DSA-MoE on the same batches.
+
+    python benchmarks/recursive_train_speed.py [--json] [--batch-size 64] [--steps 3] [--repeats 5]
+
+Each repeat times ``--steps`` full training steps (forward over every recursion step, deep-supervised
+cross-entropy plus the MoE auxiliary loss, backward, AdamW update) of every model in turn on the
+same random CIFAR-shaped batches, so the models share the machine's state; the table reports the
+median over repeats of images/s and its ratio to the first model. Timings are noisy on a shared
+CPU: compare ratios within one run, not absolute numbers across runs.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+import timm
+
+import timm_recursive  # noqa: F401  registers the models
+
+DEFAULT_MODELS = ['recursive_sa_mlp_cifar', 'recursive_sa_moe_cifar', 'recursive_dsa_moe_cifar']
+
+
+def train_step(model, optimizer, images, labels, aux_weight: float) -> None:
+    step_logits, aux = model.forward_steps(images)
+    num_steps, batch = step_logits.shape[:2]
+    loss = F.cross_entropy(step_logits.flatten(0, 1), labels.repeat(num_steps)) + aux_weight * aux
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--models', nargs='+', default=DEFAULT_MODELS)
+    parser.add_argument('--batch-size', type=int, default=64)
+    parser.add_argument('--steps', type=int, default=3, help='timed training steps per model per repeat')
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--warmup', type=int, default=2, help='untimed steps per model first')
+    parser.add_argument('--aux-weight', type=float, default=0.01)
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--json', action='store_true', help='print the results as one JSON object')
+    args = parser.parse_args()
+
+    torch.manual_seed(args.seed)
+    models = {name: timm.create_model(name).train() for name in args.models}
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
+    input_size = models[args.models[0]].pretrained_cfg['input_size']
+    num_classes = models[args.models[0]].num_classes
+    batches = [
+        (torch.randn(args.batch_size, *input_size), torch.randint(0, num_classes, (args.batch_size,)))
+        for _ in range(args.steps)
+    ]
+
+    for name, model in models.items():
+        for i in range(args.warmup):
+            train_step(model, optimizers[name], *batches[i % len(batches)], args.aux_weight)
+
+    seconds = {name: [] for name in models}
+    for _ in range(args.repeats):
+        for name, model in models.items():  # interleaved: every model sees the same conditions
+            start = time.perf_counter()
+            for images, labels in batches:
+                train_step(model, optimizers[name], images, labels, args.aux_weight)
+            seconds[name].append(time.perf_counter() - start)
+
+    baseline = args.models[0]
+    images = args.batch_size * args.steps
+    results = {}
+    for name in models:
+        median = statistics.median(seconds[name])
+        results[name] = {
+            'images_per_s': images / median,
+            'median_s_per_step': median / args.steps,
+            'speedup_vs_' + baseline: statistics.median(seconds[baseline]) / median,
+            'repeats_s': seconds[name],
+        }
+    config = dict(batch_size=args.batch_size, steps=args.steps, repeats=args.repeats,
+                  threads=torch.get_num_threads(), torch=torch.__version__)
+    if args.json:
+        print(json.dumps({'config': config, 'results': results}, indent=2))
+        return
+    print(f'training steps, batch {args.batch_size}, {args.steps} steps x {args.repeats} repeats (median), '
+          f'{torch.get_num_threads()} threads, torch {torch.__version__}')
+    print(f'{"model":<28}{"images/s":>10}{"s/step":>9}{"speedup":>9}')
+    for name, r in results.items():
+        print(f'{name:<28}{r["images_per_s"]:>10.1f}{r["median_s_per_step"]:>9.3f}'
+              f'{r["speedup_vs_" + baseline]:>8.2f}x')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,1 @@
+from .efficiency import active_params, block_macs_per_token, efficiency_report, forward_macs, mixing_macs_per_token

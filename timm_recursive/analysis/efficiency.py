@@ -1,0 +1,154 @@
+"""Analytic efficiency accounting of recursive classifiers: parameters, multiply-adds, sparsity.
+
+The figures are read off the model's own modules (built on the meta device, so nothing is
+allocated), following the source's analysis:
+
+* stored parameters: every parameter;
+* active parameters per token: MoE experts counted ``m`` of ``E`` (the rest stored, not used);
+* block multiply-adds per token: the token-wise projections of one transformer block (attention
+  projections, DSA indexer projections, MLP, or router plus ``m`` experts), the term that sets the
+  cost as d grows; the sequence-mixing terms (q.k and p.v, indexer scores) are reported per step;
+* per-step sequence length ``L_t = t + 2``, attention sparsity ``1 - min(k, L_t) / L_t`` and the
+  crossover step, the first step where DSA attends to fewer keys than exist.
+
+``forward_macs`` counts a whole forward pass for one image; tests check it against
+``torch.utils.flop_counter.FlopCounterMode``.
+"""
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+from timm.layers import Attention, Mlp
+
+from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts, sparse_attention_sparsity
+from timm_recursive.models import RecursiveBlock, RecursiveClassifier
+
+__all__ = ['block_macs_per_token', 'mixing_macs_per_token', 'active_params', 'forward_macs', 'efficiency_report']
+
+
+def _linear_weights(module: nn.Module) -> int:
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
+
+
+def _expert_params(moe: MixtureOfExperts) -> int:
+    return sum(p.numel() for p in (moe.fc1_weight, moe.fc1_bias, moe.fc2_weight, moe.fc2_bias))
+
+
+def block_macs_per_token(block: RecursiveBlock) -> int:
+    """Multiply-adds of one block's token-wise projections for one token."""
+    macs = _linear_weights(block.attn)
+    if block.moe is not None:
+        moe = block.moe
+        expert_macs = (moe.fc1_weight.numel() + moe.fc2_weight.numel()) // moe.num_experts
+        macs += moe.router.weight.numel() + moe.experts_per_token * expert_macs
+    else:
+        assert block.mlp is not None
+        macs += _linear_weights(block.mlp)
+    return macs
+
+
+def mixing_macs_per_token(block: RecursiveBlock, seq_len: int) -> int:
+    """Multiply-adds of one block's sequence mixing for one query token at sequence length L."""
+    attn = block.attn
+    if isinstance(attn, DynamicSparseAttention):
+        keys = min(attn.topk, seq_len)
+        index_dim = attn.index_q.weight.shape[0]
+        return 2 * attn.num_heads * attn.head_dim * keys + index_dim * seq_len
+    assert isinstance(attn, Attention)
+    return 2 * attn.num_heads * attn.head_dim * seq_len
+
+
+def active_params(model: RecursiveClassifier) -> int:
+    """Parameters used for one token: stored minus the experts a token is not routed to."""
+    inactive = 0
+    for block in model.blocks:
+        if block.moe is not None:
+            moe = block.moe
+            inactive += _expert_params(moe) * (moe.num_experts - moe.experts_per_token) // moe.num_experts
+    return sum(p.numel() for p in model.parameters()) - inactive
+
+
+def _encoder_macs(model: RecursiveClassifier, input_size: Tuple[int, int]) -> int:
+    h, w = input_size
+    macs = 0
+    for stage in model.stages:
+        conv = stage[0]
+        macs += conv.weight.numel() * h * w  # 'same' padding: one output per input position
+        h, w = h // 2, w // 2
+    return macs + model.proj.weight.numel()
+
+
+def forward_macs(model: RecursiveClassifier, input_size: Tuple[int, int]) -> int:
+    """Multiply-adds of ``model(x)`` for one image of spatial size ``input_size``."""
+    macs = _encoder_macs(model, input_size)
+    for t in range(1, model.num_steps + 1):
+        seq_len = t + 2
+        for block in model.blocks:
+            macs += seq_len * (block_macs_per_token(block) + mixing_macs_per_token(block, seq_len))
+    if model.num_classes > 0:
+        macs += model.num_steps * model.embed_dim * model.num_classes  # one readout per step
+        if model.soft_y:
+            macs += (model.num_steps - 1) * model.num_classes * model.embed_dim  # probs @ class embeddings
+    return macs
+
+
+def _step_sparsity(model: RecursiveClassifier, seq_len: int) -> float:
+    attn = model.blocks[0].attn
+    return sparse_attention_sparsity(seq_len, attn.topk) if isinstance(attn, DynamicSparseAttention) else 0.
+
+
+def efficiency_report(model: RecursiveClassifier, baseline: Optional[Dict] = None) -> Dict:
+    """The efficiency table row of a model; ``baseline`` (another report) adds ratios against it."""
+    block = model.blocks[0]
+    seq_lens = [t + 2 for t in range(1, model.num_steps + 1)]
+    sparsity = [_step_sparsity(model, n) for n in seq_lens]
+    crossover: Optional[int] = next((t for t, s in enumerate(sparsity, start=1) if s > 0), None)
+    input_size = model.pretrained_cfg['input_size'][-2:] if getattr(model, 'pretrained_cfg', None) else (32, 32)
+    report = {
+        'attn': 'dsa' if isinstance(block.attn, DynamicSparseAttention) else 'dense',
+        'ffn': 'moe' if block.moe is not None else 'mlp',
+        'embed_dim': model.embed_dim,
+        'depth': len(model.blocks),
+        'num_steps': model.num_steps,
+        'topk': block.attn.topk if isinstance(block.attn, DynamicSparseAttention) else None,
+        'stored_params': sum(p.numel() for p in model.parameters()),
+        'active_params': active_params(model),
+        'block_macs_per_token': block_macs_per_token(block),
+        'block_macs_per_token_d2': block_macs_per_token(block) / model.embed_dim ** 2,
+        'seq_len_per_step': seq_lens,
+        'sparsity_per_step': sparsity,
+        'mean_sparsity': sum(sparsity) / len(sparsity),
+        'crossover_step': crossover,
+        'forward_macs_per_image': forward_macs(model, tuple(input_size)),
+        'input_size': list(input_size),
+    }
+    if baseline is not None:
+        report['block_macs_ratio'] = report['block_macs_per_token'] / baseline['block_macs_per_token']
+        report['forward_macs_ratio'] = report['forward_macs_per_image'] / baseline['forward_macs_per_image']
+        report['active_params_ratio'] = report['active_params'] / baseline['active_params']
+    return report
+
+
+def format_table(reports: Dict[str, Dict]) -> str:
+    """A plain-text table of reports keyed by model name, ratios against the first."""
+    first = next(iter(reports))
+    head = ['model', 'stored', 'active', 'block MACs/tok', 'ratio', 'fwd GMACs', 'ratio', 'mean sparsity',
+            'crossover']
+    rows: List[List[str]] = []
+    for name, r in reports.items():
+        rows.append([
+            name, f"{r['stored_params'] / 1e6:.2f}M", f"{r['active_params'] / 1e6:.2f}M",
+            f"{r['block_macs_per_token'] / 1e6:.3f}M ({r['block_macs_per_token_d2']:.2f} d^2)",
+            f"{r.get('block_macs_ratio', 1.0):.3f}", f"{r['forward_macs_per_image'] / 1e9:.3f}",
+            f"{r.get('forward_macs_ratio', 1.0):.3f}", f"{r['mean_sparsity']:.3f}",
+            '-' if r['crossover_step'] is None else f"step {r['crossover_step']}",
+        ])
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    lines = ['  '.join(x.ljust(w) for x, w in zip(line, widths)) for line in [head] + rows]
+    lines.insert(1, '  '.join('-' * w for w in widths))
+    lines.append(f'ratios against {first}')
+    for name, r in reports.items():
+        if r['attn'] == 'dsa':
+            steps = ' '.join(f'{s:.2f}' for s in r['sparsity_per_step'])
+            lines.append(f'{name} sparsity per step (L_t = t + 2, k = {r["topk"]}): {steps}')
+    return '\n'.join(lines)

@@ -1,0 +1,2 @@
+from .mixture_of_experts import MixtureOfExperts, expert_counts, load_balancing_loss, router_z_loss
+from .sparse_attention import DynamicSparseAttention, sparse_attention_sparsity

@@ -1,0 +1,108 @@
+"""Dynamic Sparse Attention (DSA): multi-query attention over indexer-selected top-k keys.
+
+A light indexer scores every key for every query from the per-head mean query. Each query then
+attends only to its ``topk`` best-scored keys. While the sequence is no longer than ``topk`` every
+key is selected and the layer is exactly dense multi-query attention with the same weights.
+
+Gradient to the indexer: top-k selection is not differentiable, so the attention probability of
+every selected key is multiplied by a straight-through gate ``sigmoid(s) / stop_grad(sigmoid(s))``
+of its indexer score ``s``. The gate is exactly 1 in the forward pass (outputs are unchanged), and
+its gradient, ``(1 - sigmoid(s)) * dL/dgate``, tells the indexer whether weighting that key more
+would lower the loss, so the indexer learns to rank the keys the attention finds useful.
+"""
+from typing import Tuple
+
+import torch
+from torch import nn
+from timm.layers import register_notrace_module
+
+__all__ = ['DynamicSparseAttention', 'sparse_attention_sparsity']
+
+
+def sparse_attention_sparsity(seq_len: int, topk: int) -> float:
+    """Fraction of keys each query skips at this sequence length: ``1 - min(k, L) / L``."""
+    return 1.0 - min(topk, seq_len) / seq_len
+
+
+@register_notrace_module  # sequence-length dependent control flow: keep it a leaf in FX graphs
+class DynamicSparseAttention(nn.Module):
+    """Multi-query self-attention in which each query attends to the top-k keys chosen by an indexer.
+
+    Args:
+        dim: token width.
+        num_heads: query heads; keys and values are a single shared head (multi-query).
+        topk: keys attended per query (the attention budget k), at least 1.
+        index_dim: width of the indexer's query and key projections.
+        qkv_bias: bias on the query, key and value projections.
+        attn_drop: dropout on attention probabilities.
+        proj_drop: dropout after the output projection.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            topk: int = 6,
+            index_dim: int = 32,
+            qkv_bias: bool = True,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        if dim % num_heads != 0:
+            raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
+        if not isinstance(topk, int) or topk < 1:
+            raise ValueError(f'topk must be an integer >= 1, got {topk!r}')
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.topk = topk
+        self.scale = self.head_dim ** -0.5
+        self.index_scale = index_dim ** -0.5
+
+        self.q = nn.Linear(dim, dim, bias=qkv_bias, **dd)
+        self.kv = nn.Linear(dim, 2 * self.head_dim, bias=qkv_bias, **dd)
+        self.index_q = nn.Linear(self.head_dim, index_dim, bias=False, **dd)
+        self.index_k = nn.Linear(self.head_dim, index_dim, bias=False, **dd)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (B, H, L, D), shared keys and values (B, L, D), indexer scores (B, L, L)."""
+        B, L, _ = x.shape
+        q = self.q(x).reshape(B, L, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).chunk(2, dim=-1)
+        index_q = self.index_q(q.mean(dim=1))
+        index_k = self.index_k(k)
+        scores = index_q @ index_k.transpose(-2, -1) * self.index_scale
+        return q, k, v, scores
+
+    def select(self, x: torch.Tensor) -> torch.Tensor:
+        """Key indices (B, L, min(k, L)) each query attends to, as chosen by the indexer."""
+        scores = self._project(x)[3]
+        return scores.topk(min(self.topk, x.shape[1]), dim=-1).indices
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, C = x.shape
+        q, k, v, scores = self._project(x)
+        gate = torch.sigmoid(scores)
+        gate = gate / gate.detach()  # == 1 forward; carries the indexer's gradient
+        if L <= self.topk:
+            # dense regime: every key is selected, plain batched matmuls over the shared head
+            attn = (q * self.scale) @ k.unsqueeze(1).transpose(-2, -1)  # B, H, L, L
+            attn = attn.softmax(dim=-1) * gate.unsqueeze(1)
+            out = self.attn_drop(attn) @ v.unsqueeze(1)  # B, H, L, D
+        else:
+            idx = scores.topk(self.topk, dim=-1).indices  # B, L, k
+            flat_idx = idx.reshape(B, L * self.topk, 1).expand(-1, -1, self.head_dim)
+            k_sel = k.gather(1, flat_idx).reshape(B, L, self.topk, self.head_dim)
+            v_sel = v.gather(1, flat_idx).reshape(B, L, self.topk, self.head_dim)
+            q = q.transpose(1, 2) * self.scale  # B, L, H, D
+            attn = q @ k_sel.transpose(-2, -1)  # B, L, H, k
+            attn = attn.softmax(dim=-1) * gate.gather(-1, idx).unsqueeze(2)
+            out = (self.attn_drop(attn) @ v_sel).transpose(1, 2)  # B, H, L, D
+        out = out.transpose(1, 2).reshape(B, L, C)
+        return self.proj_drop(self.proj(out))

@@ -1,0 +1,1 @@
+from .recursive_classifier import RecursiveBlock, RecursiveClassifier

@@ -1,0 +1,450 @@
+"""Recursive classifier with Dynamic Sparse Attention and a Mixture-of-Experts FFN.
+
+A recursive visual classifier that refines a class hypothesis over ``num_steps`` steps against a
+growing history of latent states (design: DESIGN.md family 1, seed 000).
+
+Three streams feed one shared transformer (the same weights at every step):
+
+* ``x_feat``: a global image embedding, from a light conv encoder (three conv-BN-ReLU-maxpool
+  stages, global average pooling, linear projection to ``embed_dim``);
+* ``y_{t-1}``: the hypothesis token, the embedding of the previous step's class prediction: the class
+  embedding of its argmax (``y_embed='hard'``) or the probability-weighted mix of class embeddings
+  (``'soft'``); ``y_0`` is learned;
+* ``Z_{t-1} = (z_0, ..., z_{t-1})``: the latent history; ``z_0`` is learned.
+
+Step t runs the transformer over ``[x_feat; y_{t-1}; Z_{t-1}]`` (length ``t + 2``), each token plus
+a learned token-role embedding (summary, hypothesis, history). The step's class logits are read
+from the hypothesis slot; the new latent ``z_t`` is the (normalised) output at the last history
+slot, i.e. the update of the newest latent given everything else (a choice the source leaves open).
+
+Variants: SA-MLP (dense multi-head attention, dense MLP of width 4d), SA-MoE (dense attention, MoE)
+and DSA-MoE (Dynamic Sparse Attention, MoE).
+
+``forward_features`` returns the final step's normalised tokens as an NHWC map of height 1 and width
+``num_steps + 2`` (summary, hypothesis, history); ``global_pool='token'`` reads the hypothesis slot,
+``'avg'`` averages the tokens. ``features_only=True`` exposes the conv encoder's three stages.
+With ``num_classes=0`` there is no class prediction to feed back, so the hypothesis token stays at
+its learned initial value ``y_0`` at every step.
+"""
+from typing import List, Optional, Tuple
+
+import torch
+from torch import nn
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import Attention, DropPath, Mlp, register_notrace_function, trunc_normal_
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._manipulate import checkpoint, named_apply
+
+from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts
+
+__all__ = ['RecursiveClassifier', 'RecursiveBlock']
+
+_GLOBAL_POOLS = ('token', 'avg', '')
+
+
+@torch.fx.wrap
+@register_notrace_function
+def check_image_input(x: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """Raise a clear error for an input that is not a float (B, in_chans, H, W) image batch."""
+    if x.dim() != 4:
+        raise ValueError(f'expected an image batch of shape (B, {in_chans}, H, W), got shape {list(x.shape)}')
+    if x.shape[1] != in_chans:
+        raise ValueError(
+            f'expected {in_chans} input channels, got {x.shape[1]} (input shape {list(x.shape)}); '
+            f'create the model with in_chans={x.shape[1]} or convert the images')
+    if not x.is_floating_point():
+        raise TypeError(f'expected a floating point image tensor, got dtype {x.dtype}; convert and normalise it first')
+    return x
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f'{name} must be one of {choices}, got {value!r}')
+
+
+class RecursiveBlock(nn.Module):
+    """Pre-norm transformer block: dense or dynamic sparse attention, then an MLP or MoE FFN.
+
+    ``forward`` returns ``(tokens, aux_loss)``; ``aux_loss`` is the MoE's auxiliary loss (0 for an MLP).
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            attn: str = 'dsa',
+            ffn: str = 'moe',
+            topk: int = 6,
+            index_dim: int = 32,
+            mlp_ratio: float = 4.,
+            num_experts: int = 4,
+            experts_per_token: int = 2,
+            moe_z_loss_weight: float = 0.,
+            qkv_bias: bool = True,
+            proj_drop: float = 0.,
+            attn_drop: float = 0.,
+            drop_path: float = 0.,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        _check_choice('attn', attn, ('dense', 'dsa'))
+        _check_choice('ffn', ffn, ('mlp', 'moe'))
+        self.norm1 = nn.LayerNorm(dim, **dd)
+        if attn == 'dsa':
+            self.attn = DynamicSparseAttention(
+                dim, num_heads=num_heads, topk=topk, index_dim=index_dim, qkv_bias=qkv_bias,
+                attn_drop=attn_drop, proj_drop=proj_drop, **dd)
+        else:
+            self.attn = Attention(
+                dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop, **dd)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, **dd)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop, **dd) if ffn == 'mlp' else None
+        self.moe = MixtureOfExperts(
+            dim, dim, num_experts=num_experts, experts_per_token=experts_per_token, drop=proj_drop,
+            z_loss_weight=moe_z_loss_weight, **dd) if ffn == 'moe' else None
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        x = x + self.drop_path1(self.attn(self.norm1(x)))
+        h = self.norm2(x)
+        if self.moe is not None:
+            moe_out = self.moe(h)
+            h, aux = moe_out[0], moe_out[1]
+        else:
+            assert self.mlp is not None
+            h, aux = self.mlp(h), h.new_zeros(())
+        return x + self.drop_path2(h), aux
+
+
+class RecursiveClassifier(nn.Module):
+    """Recursive x/y/z classifier; see the module docstring.
+
+    Args:
+        num_classes: classes (0: no classifier, no class feedback).
+        in_chans: image channels.
+        global_pool: final readout: 'token' (hypothesis slot), 'avg' (mean of tokens) or '' (none).
+        num_steps: recursion steps T (>= 1).
+        topk: attention budget k of Dynamic Sparse Attention (>= 1; unused with ``attn='dense'``).
+        y_embed: 'hard' (argmax class embedding) or 'soft' (probability-weighted class embeddings).
+        embed_dim: transformer width d.
+        depth: transformer blocks, shared across steps.
+        num_heads: attention heads.
+        attn: 'dense' (multi-head) or 'dsa' (Dynamic Sparse Attention, shared keys/values).
+        ffn: 'mlp' (hidden ``mlp_ratio * d``) or 'moe' (``num_experts`` experts of hidden d).
+        num_experts: E experts per MoE layer.
+        experts_per_token: m experts per token.
+        mlp_ratio: hidden ratio of the dense MLP.
+        index_dim: width of the DSA indexer projections.
+        encoder_chans: channels of the three conv stages.
+        moe_z_loss_weight: weight of the router z-loss inside the auxiliary loss.
+        qkv_bias: bias on the attention's query/key/value projections.
+        drop_rate: dropout before the classifier.
+        proj_drop_rate: dropout after attention/FFN projections.
+        attn_drop_rate: dropout on attention probabilities.
+        drop_path_rate: stochastic depth, linearly increasing over the blocks.
+    """
+
+    def __init__(
+            self,
+            num_classes: int = 10,
+            in_chans: int = 3,
+            global_pool: str = 'token',
+            num_steps: int = 16,
+            topk: int = 6,
+            y_embed: str = 'hard',
+            embed_dim: int = 512,
+            depth: int = 4,
+            num_heads: int = 8,
+            attn: str = 'dsa',
+            ffn: str = 'moe',
+            num_experts: int = 4,
+            experts_per_token: int = 2,
+            mlp_ratio: float = 4.,
+            index_dim: int = 32,
+            encoder_chans: Tuple[int, int, int] = (64, 128, 256),
+            moe_z_loss_weight: float = 0.,
+            qkv_bias: bool = True,
+            drop_rate: float = 0.,
+            proj_drop_rate: float = 0.,
+            attn_drop_rate: float = 0.,
+            drop_path_rate: float = 0.,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        _check_choice('global_pool', global_pool, _GLOBAL_POOLS)
+        _check_choice('y_embed', y_embed, ('hard', 'soft'))
+        for name, value in (('num_classes', num_classes), ('in_chans', in_chans), ('num_steps', num_steps)):
+            if not isinstance(value, int) or value < (0 if name == 'num_classes' else 1):
+                raise ValueError(f'{name} must be a {"non-negative" if name == "num_classes" else "positive"} '
+                                 f'integer, got {value!r}')
+        if len(encoder_chans) != 3:
+            raise ValueError(f'encoder_chans must give 3 stage widths, got {encoder_chans!r}')
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.global_pool = global_pool
+        self.num_steps = num_steps
+        self.topk = topk
+        self.soft_y = y_embed == 'soft'
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.output_fmt = 'NHWC'
+        self.grad_checkpointing = False
+        self.num_moe_blocks = depth if ffn == 'moe' else 0
+
+        # conv encoder: registered first so timm's FeatureListNet can run it as a sequence
+        stages = []
+        prev_chs = in_chans
+        self.feature_info = []
+        for i, chs in enumerate(encoder_chans):
+            stages.append(nn.Sequential(
+                nn.Conv2d(prev_chs, chs, 3, padding=1, bias=False, **dd),
+                nn.BatchNorm2d(chs, **dd),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(2),
+            ))
+            self.feature_info.append(dict(num_chs=chs, reduction=2 ** (i + 1), module=f'stages.{i}'))
+            prev_chs = chs
+        self.stages = nn.Sequential(*stages)
+        self.proj = nn.Linear(prev_chs, embed_dim, **dd)
+
+        self.y_init = nn.Parameter(torch.zeros(1, embed_dim, **dd))
+        self.z_init = nn.Parameter(torch.zeros(1, 1, embed_dim, **dd))
+        self.role_embed = nn.Parameter(torch.zeros(3, embed_dim, **dd))  # summary, hypothesis, history
+        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth, device='cpu')]
+        self.blocks = nn.ModuleList([
+            RecursiveBlock(
+                embed_dim, num_heads, attn=attn, ffn=ffn, topk=topk, index_dim=index_dim, mlp_ratio=mlp_ratio,
+                num_experts=num_experts, experts_per_token=experts_per_token, moe_z_loss_weight=moe_z_loss_weight,
+                qkv_bias=qkv_bias, proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i], **dd)
+            for i in range(depth)
+        ])
+        self.norm = nn.LayerNorm(embed_dim, **dd)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head: nn.Module = nn.Identity()
+        self.class_embed: Optional[nn.Embedding] = None
+        self.init_weights()
+        self.reset_classifier(num_classes)
+
+    def init_weights(self) -> None:
+        for p in (self.y_init, self.z_init, self.role_embed):
+            trunc_normal_(p, std=.02)
+        named_apply(_init_weights, self)
+
+    @torch.jit.ignore
+    def no_weight_decay(self):
+        return {'y_init', 'z_init', 'role_embed', 'class_embed.weight'}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False):
+        return dict(
+            stem=r'^stages|^proj|^y_init|^z_init|^role_embed',
+            blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """Replace the classifier and the class embedding table (both are indexed by class)."""
+        if global_pool is not None:
+            _check_choice('global_pool', global_pool, _GLOBAL_POOLS)
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        dd = {'device': self.y_init.device, 'dtype': self.y_init.dtype}
+        if num_classes > 0:
+            self.head = nn.Linear(self.embed_dim, num_classes, **dd)
+            self.class_embed = nn.Embedding(num_classes, self.embed_dim, **dd)
+            named_apply(_init_weights, self.head)
+            trunc_normal_(self.class_embed.weight, std=.02)
+        else:
+            self.head = nn.Identity()
+            self.class_embed = None
+        for module in (self.head, self.class_embed):
+            if module is not None:
+                module.train(self.training)
+
+    def _encode(self, x: torch.Tensor) -> torch.Tensor:
+        x = check_image_input(x, self.in_chans)
+        x = self.stages(x)
+        return self.proj(x.mean((2, 3)))
+
+    def _hypothesis_embed(self, logits: torch.Tensor) -> torch.Tensor:
+        assert self.class_embed is not None
+        if self.soft_y:
+            return logits.softmax(dim=-1).to(self.class_embed.weight.dtype) @ self.class_embed.weight
+        return self.class_embed(logits.argmax(dim=-1))
+
+    def _transform(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One recursion step's transformer: normalised tokens and the summed MoE auxiliary loss."""
+        aux = tokens.new_zeros(())
+        for blk in self.blocks:
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                tokens, blk_aux = checkpoint(blk, tokens)
+            else:
+                tokens, blk_aux = blk(tokens)
+            aux = aux + blk_aux
+        return self.norm(tokens), aux
+
+    def _recurse(self, x: torch.Tensor) -> Tuple[torch.Tensor, List[torch.Tensor], torch.Tensor]:
+        """Run all steps: final tokens (B, T + 2, d), logits of steps 1..T-1, mean MoE auxiliary loss."""
+        summary = self._encode(x).unsqueeze(1) + self.role_embed[0]
+        B = summary.shape[0]
+        y = self.y_init.expand(B, -1)
+        history = self.z_init.expand(B, -1, -1)
+        step_logits: List[torch.Tensor] = []
+        aux = summary.new_zeros(())
+        tokens = summary
+        for t in range(self.num_steps):
+            hypothesis = (y + self.role_embed[1]).unsqueeze(1)
+            tokens, step_aux = self._transform(torch.cat([summary, hypothesis, history + self.role_embed[2]], dim=1))
+            aux = aux + step_aux
+            if t == self.num_steps - 1:
+                break
+            history = torch.cat([history, tokens[:, -1:]], dim=1)
+            if self.num_classes > 0:
+                logits = self.head(self.head_drop(tokens[:, 1]))
+                step_logits.append(logits)
+                y = self._hypothesis_embed(logits)
+        return tokens, step_logits, aux / max(1, self.num_moe_blocks * self.num_steps)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Final step's normalised tokens, NHWC (B, 1, num_steps + 2, embed_dim)."""
+        return self._recurse(x)[0].unsqueeze(1)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if self.global_pool == 'token':
+            x = x[:, 0, 1]
+        elif self.global_pool == 'avg':
+            x = x.mean(dim=(1, 2))
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward_steps(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Every step's class logits and the forward's MoE auxiliary loss.
+
+        Returns:
+            ``(logits, aux_loss)``: logits of shape (num_steps, B, num_classes), step t's prediction at
+            index t - 1, the last equal to ``forward(x)``; ``aux_loss`` is the MoE load-balancing (plus
+            weighted router z-) loss averaged over all MoE layer calls, 0 for MLP models. Use it for
+            deep supervision (a loss on every step) and per-step accuracy.
+        """
+        if self.num_classes == 0 or self.global_pool == '':
+            raise RuntimeError('forward_steps needs a classifier and pooling (num_classes > 0, global_pool != "")')
+        tokens, step_logits, aux = self._recurse(x)
+        step_logits.append(self.forward_head(tokens.unsqueeze(1)))
+        return torch.stack(step_logits), aux
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _init_weights(module: nn.Module, name: str = '') -> None:
+    if isinstance(module, nn.Linear):
+        trunc_normal_(module.weight, std=.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+def _create_recursive_classifier(variant: str, pretrained: bool = False, **kwargs) -> RecursiveClassifier:
+    return build_model_with_cfg(
+        RecursiveClassifier,
+        variant,
+        pretrained,
+        feature_cfg=dict(out_indices=(0, 1, 2), output_fmt='NCHW', flatten_sequential=True),
+        **kwargs,
+    )
+
+
+HUB_ORG = 'timm-recursive'
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
+FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
+
+
+def _cfg(tag_id: str = '', **kwargs):
+    return {
+        'hf_hub_id': f'{HUB_ORG}/{tag_id}' if tag_id else None,
+        'num_classes': 10, 'input_size': (3, 32, 32), 'pool_size': (1, 18),
+        'crop_pct': 1.0, 'interpolation': 'bilinear', 'fixed_input_size': False,
+        'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
+        'first_conv': 'stages.0.0', 'classifier': ('head', 'class_embed'),
+        'license': 'apache-2.0',
+        **kwargs,
+    }
+
+
+def _dataset_cfgs(arch: str):
+    return {
+        f'{arch}.cifar10': _cfg(f'{arch}.cifar10', mean=CIFAR10_MEAN, std=CIFAR10_STD),
+        f'{arch}.cifar100': _cfg(f'{arch}.cifar100', num_classes=100, mean=CIFAR100_MEAN, std=CIFAR100_STD),
+        f'{arch}.mnist': _cfg(f'{arch}.mnist', input_size=(1, 28, 28), mean=MNIST_MEAN, std=MNIST_STD),
+        f'{arch}.fashion_mnist': _cfg(
+            f'{arch}.fashion_mnist', input_size=(1, 28, 28), mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD),
+    }
+
+
+default_cfgs = generate_default_cfgs({
+    **_dataset_cfgs('recursive_sa_mlp_cifar'),
+    **_dataset_cfgs('recursive_sa_moe_cifar'),
+    **_dataset_cfgs('recursive_dsa_moe_cifar'),
+    **_dataset_cfgs('recursive_sa_mlp_tiny'),
+    **_dataset_cfgs('recursive_sa_moe_tiny'),
+    **_dataset_cfgs('recursive_dsa_moe_tiny'),
+})
+
+# the reported configuration: d=512, depth 4, 8 heads, encoder 64/128/256, 16 steps, k=6
+_CIFAR_ARGS = dict(embed_dim=512, depth=4, num_heads=8, encoder_chans=(64, 128, 256), num_steps=16, topk=6)
+# a CPU-trainable size of the same design
+_TINY_ARGS = dict(embed_dim=128, depth=2, num_heads=4, encoder_chans=(32, 64, 128), num_steps=16, topk=6)
+
+
+@register_model
+def recursive_sa_mlp_cifar(pretrained: bool = False, **kwargs) -> RecursiveClassifier:
+    """Baseline: dense multi-head attention and dense MLP."""
+    model_args = dict(_CIFAR_ARGS, attn='dense', ffn='mlp')
+    return _create_recursive_classifier('recursive_sa_mlp_cifar', pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def recursive_sa_moe_cifar(pretrained: bool = False, **kwargs) -> RecursiveClassifier:
+    """Dense multi-head attention and a 4-expert top-2 MoE FFN."""
+    model_args = dict(_CIFAR_ARGS, attn='dense', ffn='moe')
+    return _create_recursive_classifier('recursive_sa_moe_cifar', pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def recursive_dsa_moe_cifar(pretrained: bool = False, **kwargs) -> RecursiveClassifier:
+    """Dynamic Sparse Attention (k=6) and a 4-expert top-2 MoE FFN: the selected operating point."""
+    model_args = dict(_CIFAR_ARGS, attn='dsa', ffn='moe')
+    return _create_recursive_classifier('recursive_dsa_moe_cifar', pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def recursive_sa_mlp_tiny(pretrained: bool = False, **kwargs) -> RecursiveClassifier:
+    """CPU-sized SA-MLP (d=128, depth 2, 4 heads)."""
+    model_args = dict(_TINY_ARGS, attn='dense', ffn='mlp')
+    return _create_recursive_classifier('recursive_sa_mlp_tiny', pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def recursive_sa_moe_tiny(pretrained: bool = False, **kwargs) -> RecursiveClassifier:
+    """CPU-sized SA-MoE (d=128, depth 2, 4 heads)."""
+    model_args = dict(_TINY_ARGS, attn='dense', ffn='moe')
+    return _create_recursive_classifier('recursive_sa_moe_tiny', pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def recursive_dsa_moe_tiny(pretrained: bool = False, **kwargs) -> RecursiveClassifier:
+    """CPU-sized DSA-MoE (d=128, depth 2, 4 heads, k=6)."""
+    model_args = dict(_TINY_ARGS, attn='dsa', ffn='moe')
+    return _create_recursive_classifier('recursive_dsa_moe_tiny', pretrained, **dict(model_args, **kwargs))
