@@ -1,6 +1,6 @@
 """Training-step speed of SA-MLP, SA-MoE and DSA-MoE on the same batches.
 
-    python benchmarks/recursive_train_speed.py [--json] [--batch-size 64] [--steps 3] [--repeats 5]
+    python benchmarks/recursive_train_speed.py [--json] [--batch-size 256] [--steps 1] [--repeats 5]
 
 Each repeat times ``--steps`` full training steps (forward over every recursion step, deep-supervised
 cross-entropy plus the MoE auxiliary loss, backward, AdamW update) of every model in turn on the
@@ -34,8 +34,8 @@ def train_step(model, optimizer, images, labels, aux_weight: float) -> None:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--models', nargs='+', default=DEFAULT_MODELS)
-    parser.add_argument('--batch-size', type=int, default=64)
-    parser.add_argument('--steps', type=int, default=3, help='timed training steps per model per repeat')
+    parser.add_argument('--batch-size', type=int, default=256)
+    parser.add_argument('--steps', type=int, default=1, help='timed training steps per model per repeat')
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--warmup', type=int, default=2, help='untimed steps per model first')
     parser.add_argument('--aux-weight', type=float, default=0.01)
@@ -45,7 +45,7 @@ def main():
 
     torch.manual_seed(args.seed)
     models = {name: timm.create_model(name).train() for name in args.models}
-    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for name, m in models.items()}
     input_size = models[args.models[0]].pretrained_cfg['input_size']
     num_classes = models[args.models[0]].num_classes
     batches = [

@@ -1,26 +1,22 @@
 """Runs timm's own model test suite (tests/test_models.py of the installed timm's source
 distribution, fetched by `make test`) against the models timm_recursive registers.
 
-The published weights are not reachable here, so timm's pretrained-loading tests run against a
-Hugging Face cache laid out as ``hf_hub_download`` leaves it, filled on demand with freshly
-initialised safetensors checkpoints of each pretrained config, and ``HF_HUB_OFFLINE=1``. That
-exercises timm's real loading path (safetensors, ``in_chans`` adaptation, classifier reset).
+The published weights are not reachable here, so timm's pretrained-loading tests run against the
+session's offline Hugging Face cache (tests/conftest.py), laid out as ``hf_hub_download`` leaves it
+and filled on demand with freshly initialised safetensors checkpoints of each pretrained config.
+That exercises timm's real loading path (safetensors, ``in_chans`` adaptation, classifier reset).
 """
 import os
-import shutil
-import tempfile
 
-_HF_CACHE = tempfile.mkdtemp(prefix='timm_suite_hf_cache_')
-os.environ['HF_HUB_OFFLINE'] = '1'  # before huggingface_hub is imported: never touch the network
-os.environ['HF_HUB_CACHE'] = _HF_CACHE
+import safetensors.torch
+import timm
+from huggingface_hub import constants
 
-import safetensors.torch  # noqa: E402
-import timm  # noqa: E402
-
-import timm_recursive  # noqa: E402,F401  registers the models before test_models.py lists them
+import timm_recursive  # noqa: F401  registers the models before test_models.py lists them
 
 OUR_MODELS = set(timm.list_models('recursive_*'))
 _REVISION = '0' * 40
+_SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def _model_name(item):
@@ -28,12 +24,17 @@ def _model_name(item):
     return callspec.params.get('model_name') if callspec is not None else None
 
 
+def _in_suite(item) -> bool:
+    return os.path.dirname(str(item.path)) == _SUITE_DIR
+
+
 def pytest_collection_modifyitems(config, items):
-    """Keep the per-model tests parametrised with one of our models; deselect the rest."""
+    """In timm's suite, keep the per-model tests parametrised with one of our models; deselect the rest."""
     ours, others = [], []
     for item in items:
         name = _model_name(item)
-        (ours if name is not None and name.split('.')[0] in OUR_MODELS else others).append(item)
+        keep = not _in_suite(item) or (name is not None and name.split('.')[0] in OUR_MODELS)
+        (ours if keep else others).append(item)
     if others:
         config.hook.pytest_deselected(items=others)
     items[:] = ours
@@ -42,7 +43,7 @@ def pytest_collection_modifyitems(config, items):
 def _cache_checkpoint(model_name: str) -> None:
     """Write a checkpoint of ``model_name``'s pretrained config where hf_hub_download looks for it."""
     cfg = timm.models.get_pretrained_cfg(model_name)
-    repo_dir = os.path.join(_HF_CACHE, 'models--' + cfg.hf_hub_id.replace('/', '--'))
+    repo_dir = os.path.join(constants.HF_HUB_CACHE, 'models--' + cfg.hf_hub_id.replace('/', '--'))
     snapshot = os.path.join(repo_dir, 'snapshots', _REVISION)
     if os.path.exists(os.path.join(snapshot, 'model.safetensors')):
         return
@@ -58,7 +59,3 @@ def pytest_runtest_setup(item):
     name = _model_name(item)
     if name is not None and 'pretrained' in item.originalname and name.split('.')[0] in OUR_MODELS:
         _cache_checkpoint(name)
-
-
-def pytest_unconfigure(config):
-    shutil.rmtree(_HF_CACHE, ignore_errors=True)

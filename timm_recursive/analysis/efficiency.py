@@ -31,7 +31,7 @@ def _linear_weights(module: nn.Module) -> int:
 
 
 def _expert_params(moe: MixtureOfExperts) -> int:
-    return sum(p.numel() for p in (moe.fc1_weight, moe.fc1_bias, moe.fc2_weight, moe.fc2_bias))
+    return sum(p.numel() for p in moe.experts.parameters())
 
 
 def block_macs_per_token(block: RecursiveBlock) -> int:
@@ -39,8 +39,7 @@ def block_macs_per_token(block: RecursiveBlock) -> int:
     macs = _linear_weights(block.attn)
     if block.moe is not None:
         moe = block.moe
-        expert_macs = (moe.fc1_weight.numel() + moe.fc2_weight.numel()) // moe.num_experts
-        macs += moe.router.weight.numel() + moe.experts_per_token * expert_macs
+        macs += moe.router.weight.numel() + moe.experts_per_token * _linear_weights(moe.experts[0])
     else:
         assert block.mlp is not None
         macs += _linear_weights(block.mlp)

@@ -9,8 +9,7 @@ from typing import List, Optional, Tuple, Type
 
 import torch
 from torch import nn
-from torch.nn import functional as F
-from timm.layers import register_notrace_module, trunc_normal_
+from timm.layers import Mlp, register_notrace_module, trunc_normal_
 
 __all__ = ['MixtureOfExperts', 'expert_counts', 'load_balancing_loss', 'router_z_loss']
 
@@ -21,18 +20,23 @@ def expert_counts(experts: torch.Tensor, num_experts: int) -> torch.Tensor:
     return torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
 
 
-def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+def load_balancing_loss(
+        probs: torch.Tensor, experts: torch.Tensor, num_experts: int, counts: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Switch-Transformer balance loss ``E * sum_i f_i * P_i``; 1.0 when routing is uniform.
 
     Args:
         probs: router probabilities (N, E).
         experts: chosen expert ids (N, m).
         num_experts: E.
+        counts: assignments per expert (E,), if already computed.
 
     ``f_i`` is the fraction of the N * m assignments that went to expert i, ``P_i`` the mean router
     probability of expert i. Only ``P`` carries gradient, as in the Switch Transformer.
     """
-    fraction = expert_counts(experts, num_experts).to(probs.dtype) / experts.numel()
+    if counts is None:
+        counts = expert_counts(experts, num_experts)
+    fraction = counts.to(probs.dtype) / experts.numel()
     return num_experts * (fraction * probs.mean(dim=0)).sum()
 
 
@@ -83,25 +87,12 @@ class MixtureOfExperts(nn.Module):
         self.z_loss_weight = z_loss_weight
 
         self.router = nn.Linear(dim, num_experts, bias=False, **dd)
-        self.fc1_weight = nn.Parameter(torch.empty(num_experts, hidden_dim, dim, **dd))
-        self.fc1_bias = nn.Parameter(torch.empty(num_experts, hidden_dim, **dd))
-        self.act = act_layer()
-        self.drop = nn.Dropout(drop)
-        self.fc2_weight = nn.Parameter(torch.empty(num_experts, dim, hidden_dim, **dd))
-        self.fc2_bias = nn.Parameter(torch.empty(num_experts, dim, **dd))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        # the ViT convention for linear layers: truncated normal (std 0.02) weights, zero biases
-        for weight in (self.router.weight, self.fc1_weight, self.fc2_weight):
-            trunc_normal_(weight, std=.02)
-        nn.init.zeros_(self.fc1_bias)
-        nn.init.zeros_(self.fc2_bias)
-
-    def expert(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        """Expert ``index`` applied to tokens ``x`` (N, dim)."""
-        x = self.drop(self.act(F.linear(x, self.fc1_weight[index], self.fc1_bias[index])))
-        return F.linear(x, self.fc2_weight[index], self.fc2_bias[index])
+        # separate expert modules: indexing one stacked weight would make autograd zero-fill and
+        # scatter a full (E, ...) gradient for every expert call
+        self.experts = nn.ModuleList([
+            Mlp(dim, hidden_dim, act_layer=act_layer, drop=drop, **dd) for _ in range(num_experts)
+        ])
+        trunc_normal_(self.router.weight, std=.02)
 
     def route(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Router logits and probabilities (N, E), renormalised gate weights and expert ids (N, m)."""
@@ -111,34 +102,42 @@ class MixtureOfExperts(nn.Module):
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return logits, probs, weights, experts
 
-    def _dispatch(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        flat_experts = experts.flatten()
-        order = flat_experts.argsort(stable=True)
+    def _dispatch(
+            self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, counts: List[int],
+    ) -> torch.Tensor:
+        order = experts.flatten().argsort(stable=True)
         token_index = order // self.experts_per_token
-        counts: List[int] = expert_counts(flat_experts, self.num_experts).tolist()
-        chunks = x.index_select(0, token_index).split(counts)
-        expert_out = torch.cat([self.expert(chunk, e) for e, chunk in enumerate(chunks)])
-        expert_out = expert_out * weights.flatten().index_select(0, order).unsqueeze(-1).to(x.dtype)
-        return torch.zeros_like(x).index_add_(0, token_index, expert_out)
+        sorted_weights = weights.flatten().index_select(0, order).unsqueeze(-1).to(x.dtype)
+        # one gather and split (its backward is one concatenation), then each expert's weighted output
+        # added in place at its tokens (its backward is a gather): no full-size zero fills per expert
+        inputs = x.index_select(0, token_index).split(counts)
+        rows = token_index.split(counts)
+        gates = sorted_weights.split(counts)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):  # empty inputs still run: every expert joins the graph
+            out.index_add_(0, rows[e], expert(inputs[e]) * gates[e])
+        return out
 
     def _combine_all(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         # every expert on every token; only for meta tensors, whose routing cannot be read on the host
         combine = torch.zeros(x.shape[0], self.num_experts, device=x.device, dtype=x.dtype)
         combine = combine.scatter(1, experts, weights.to(x.dtype))
         out = torch.zeros_like(x)
-        for e in range(self.num_experts):
-            out = out + combine[:, e:e + 1] * self.expert(x, e)
+        for e, expert in enumerate(self.experts):
+            out = out + combine[:, e:e + 1] * expert(x)
         return out
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         logits, probs, weights, experts = self.route(x)
+        counts = expert_counts(experts, self.num_experts)
         if x.is_meta:
             out = self._combine_all(x, weights, experts)
         else:
-            out = self._dispatch(x, weights, experts)
-        aux = load_balancing_loss(probs, experts, self.num_experts)
+            counts_list: List[int] = counts.tolist()
+            out = self._dispatch(x, weights, experts, counts_list)
+        aux = load_balancing_loss(probs, experts, self.num_experts, counts)
         if self.z_loss_weight > 0:
             aux = aux + self.z_loss_weight * router_z_loss(logits)
         return out.reshape(shape), aux

@@ -62,47 +62,47 @@ class DynamicSparseAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.index_scale = index_dim ** -0.5
 
-        self.q = nn.Linear(dim, dim, bias=qkv_bias, **dd)
-        self.kv = nn.Linear(dim, 2 * self.head_dim, bias=qkv_bias, **dd)
+        # queries of every head and the one shared key/value head, fused into one projection
+        self.qkv = nn.Linear(dim, dim + 2 * self.head_dim, bias=qkv_bias, **dd)
         self.index_q = nn.Linear(self.head_dim, index_dim, bias=False, **dd)
         self.index_k = nn.Linear(self.head_dim, index_dim, bias=False, **dd)
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def _project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries (B, H, L, D), shared keys and values (B, L, D), indexer scores (B, L, L)."""
-        B, L, _ = x.shape
-        q = self.q(x).reshape(B, L, self.num_heads, self.head_dim).transpose(1, 2)
-        k, v = self.kv(x).chunk(2, dim=-1)
-        index_q = self.index_q(q.mean(dim=1))
-        index_k = self.index_k(k)
-        scores = index_q @ index_k.transpose(-2, -1) * self.index_scale
-        return q, k, v, scores
+    def _project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (B, L, H, D), the shared key/value head side by side (B, L, 2D), indexer scores (B, L, L)."""
+        q, kv = self.qkv(x).split([self.num_heads * self.head_dim, 2 * self.head_dim], dim=-1)
+        q = q.unflatten(-1, (self.num_heads, self.head_dim))
+        k = kv[..., :self.head_dim]
+        scores = self.index_q(q.mean(dim=2)) @ self.index_k(k).transpose(-2, -1) * self.index_scale
+        return q, kv, scores
 
     def select(self, x: torch.Tensor) -> torch.Tensor:
         """Key indices (B, L, min(k, L)) each query attends to, as chosen by the indexer."""
-        scores = self._project(x)[3]
+        scores = self._project(x)[2]
         return scores.topk(min(self.topk, x.shape[1]), dim=-1).indices
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Queries stay (B, L, H, D), as the projection lays them out: with one shared key/value head,
+        # all heads of a token meet the same keys, so no head transpose (or its copy) is needed.
         B, L, C = x.shape
-        q, k, v, scores = self._project(x)
+        q, kv, scores = self._project(x)
         gate = torch.sigmoid(scores)
         gate = gate / gate.detach()  # == 1 forward; carries the indexer's gradient
         if L <= self.topk:
-            # dense regime: every key is selected, plain batched matmuls over the shared head
-            attn = (q * self.scale) @ k.unsqueeze(1).transpose(-2, -1)  # B, H, L, L
-            attn = attn.softmax(dim=-1) * gate.unsqueeze(1)
-            out = self.attn_drop(attn) @ v.unsqueeze(1)  # B, H, L, D
+            # dense regime: every key is selected; one (L * H) x L score matrix per image
+            k, v = kv.split(self.head_dim, dim=-1)
+            attn = (q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)) * self.scale
+            attn = attn.softmax(dim=-1).view(B, L, self.num_heads, L) * gate.unsqueeze(2)
+            attn = self.attn_drop(attn).view(B, L * self.num_heads, L)
+            out = attn @ v  # B, L * H, D
         else:
             idx = scores.topk(self.topk, dim=-1).indices  # B, L, k
-            flat_idx = idx.reshape(B, L * self.topk, 1).expand(-1, -1, self.head_dim)
-            k_sel = k.gather(1, flat_idx).reshape(B, L, self.topk, self.head_dim)
-            v_sel = v.gather(1, flat_idx).reshape(B, L, self.topk, self.head_dim)
-            q = q.transpose(1, 2) * self.scale  # B, L, H, D
-            attn = q @ k_sel.transpose(-2, -1)  # B, L, H, k
+            flat_idx = idx.reshape(B, L * self.topk, 1).expand(-1, -1, 2 * self.head_dim)
+            kv_sel = kv.gather(1, flat_idx).view(B, L, self.topk, 2 * self.head_dim)  # keys and values at once
+            k_sel, v_sel = kv_sel.split(self.head_dim, dim=-1)
+            attn = (q @ k_sel.transpose(-2, -1)) * self.scale  # B, L, H, k
             attn = attn.softmax(dim=-1) * gate.gather(-1, idx).unsqueeze(2)
-            out = (self.attn_drop(attn) @ v_sel).transpose(1, 2)  # B, H, L, D
-        out = out.transpose(1, 2).reshape(B, L, C)
-        return self.proj_drop(self.proj(out))
+            out = self.attn_drop(attn) @ v_sel  # B, L, H, D
+        return self.proj_drop(self.proj(out.reshape(B, L, C)))

@@ -5,7 +5,7 @@ growing history of latent states (design: DESIGN.md family 1, seed 000).
 
 Three streams feed one shared transformer (the same weights at every step):
 
-* ``x_feat``: a global image embedding, from a light conv encoder (three conv-BN-ReLU-maxpool
+* ``x_feat``: a global image embedding, from a light conv encoder (three conv-maxpool-BN-ReLU
   stages, global average pooling, linear projection to ``embed_dim``);
 * ``y_{t-1}``: the hypothesis token, the embedding of the previous step's class prediction: the class
   embedding of its argmax (``y_embed='hard'``) or the probability-weighted mix of class embeddings
@@ -200,11 +200,12 @@ class RecursiveClassifier(nn.Module):
         prev_chs = in_chans
         self.feature_info = []
         for i, chs in enumerate(encoder_chans):
+            # pooling before BN and ReLU: the same stage shape at a quarter of their cost
             stages.append(nn.Sequential(
                 nn.Conv2d(prev_chs, chs, 3, padding=1, bias=False, **dd),
+                nn.MaxPool2d(2),
                 nn.BatchNorm2d(chs, **dd),
                 nn.ReLU(inplace=True),
-                nn.MaxPool2d(2),
             ))
             self.feature_info.append(dict(num_chs=chs, reduction=2 ** (i + 1), module=f'stages.{i}'))
             prev_chs = chs

@@ -1,0 +1,49 @@
+# Every target builds its own virtual environment from pyproject.toml; nothing is installed by hand.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TIMM_SUITE := tests/timm_suite/test_models.py
+# tests never wait on the network: the Hugging Face Hub is read from local caches only
+TEST_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+.PHONY: help install test test-fast timm-suite demo bench efficiency clean
+
+help:
+	@echo "make demo    run the demo (installs first)"
+	@echo "make test    create the environment and run every test"
+	@echo "make bench   training-speed benchmark of SA-MLP, SA-MoE, DSA-MoE (slow, not a test)"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[train,dev]'
+	touch $@
+
+install: $(STAMP)
+
+# timm's own model test suite, taken from the source distribution of the installed timm version
+$(TIMM_SUITE): $(STAMP)
+	rm -rf .cache/timm-sdist
+	version=$$($(PY) -c 'import timm; print(timm.__version__)') && \
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: "timm==$$version" -d .cache/timm-sdist && \
+	tar -xzf .cache/timm-sdist/timm-$$version.tar.gz -O timm-$$version/tests/test_models.py > $@.tmp && \
+	mv $@.tmp $@
+
+test: $(STAMP) $(TIMM_SUITE)
+	$(TEST_ENV) $(PY) -m pytest -n 2 --dist loadgroup -q
+
+test-fast: $(STAMP)
+	$(TEST_ENV) $(PY) -m pytest -q --ignore=tests/timm_suite
+
+demo: $(STAMP)
+	$(TEST_ENV) $(PY) train_scripts/demo.py
+
+bench: $(STAMP)
+	$(PY) benchmarks/recursive_train_speed.py
+
+efficiency: $(STAMP)
+	$(PY) -m timm_recursive.efficiency recursive_sa_mlp_cifar recursive_sa_moe_cifar recursive_dsa_moe_cifar recursive_dsa_moe_cifar:topk=2
+
+clean:
+	rm -rf $(VENV) .cache $(TIMM_SUITE) .pytest_cache

@@ -1,0 +1,17 @@
+"""Test-session set-up shared by every test: no test ever touches the network.
+
+The Hugging Face Hub is switched to offline mode and pointed at a private, empty cache before
+anything imports ``huggingface_hub`` (this root conftest loads before any test module), so a test
+that would download something fails at once instead of waiting, and tests fill the cache they need.
+"""
+import os
+import shutil
+import tempfile
+
+HF_CACHE = tempfile.mkdtemp(prefix='timm_recursive_hf_cache_')
+os.environ['HF_HUB_OFFLINE'] = '1'
+os.environ['HF_HUB_CACHE'] = HF_CACHE
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(HF_CACHE, ignore_errors=True)

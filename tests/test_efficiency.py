@@ -1,0 +1,97 @@
+"""Efficiency accounting: the source's figures, and analytic multiply-adds against FlopCounterMode."""
+import json
+
+import pytest
+import timm
+import timm.layers.config
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from timm_recursive.analysis import efficiency_report, forward_macs
+from timm_recursive.efficiency import build_reports, main, parse_model_spec
+
+
+@pytest.fixture(scope='module')
+def reports():
+    return build_reports([
+        'recursive_sa_mlp_cifar', 'recursive_sa_moe_cifar', 'recursive_dsa_moe_cifar',
+        'recursive_dsa_moe_cifar:topk=2',
+    ])
+
+
+def test_source_figures_at_reported_configuration(reports):
+    sa_mlp = reports['recursive_sa_mlp_cifar']
+    dsa_moe = reports['recursive_dsa_moe_cifar']
+    assert sa_mlp['stored_params'] == pytest.approx(13.13e6, rel=0.005)
+    assert sa_mlp['active_params'] == sa_mlp['stored_params']
+    assert dsa_moe['active_params'] == pytest.approx(7.10e6, rel=0.01)
+    assert dsa_moe['block_macs_ratio'] == pytest.approx(0.52, abs=0.01)
+    assert sa_mlp['block_macs_per_token_d2'] == pytest.approx(12.0)
+    assert dsa_moe['block_macs_per_token_d2'] == pytest.approx(6.25, abs=0.05)
+    assert dsa_moe['mean_sparsity'] == pytest.approx(0.358, abs=5e-4)
+    assert reports['recursive_dsa_moe_cifar:topk=2']['mean_sparsity'] == pytest.approx(0.751, abs=5e-4)
+
+
+def test_sequence_length_sparsity_and_crossover(reports):
+    dsa_moe = reports['recursive_dsa_moe_cifar']
+    assert dsa_moe['seq_len_per_step'] == list(range(3, 19))
+    assert dsa_moe['sparsity_per_step'][:4] == [0.] * 4  # L_t <= k = 6: dense
+    assert dsa_moe['sparsity_per_step'][4] == pytest.approx(1 / 7)
+    assert dsa_moe['crossover_step'] == 5
+    assert reports['recursive_dsa_moe_cifar:topk=2']['crossover_step'] == 1
+    assert reports['recursive_sa_moe_cifar']['crossover_step'] is None
+    assert reports['recursive_sa_moe_cifar']['mean_sparsity'] == 0.
+
+
+@pytest.fixture
+def unfused_attention():
+    """FLOP counters miss fused attention kernels: count with timm's explicit attention."""
+    previous = timm.layers.config._USE_FUSED_ATTN
+    timm.layers.set_fused_attn(False)
+    yield
+    timm.layers.config._USE_FUSED_ATTN = previous
+
+
+@pytest.mark.parametrize('name,kwargs', [
+    ('recursive_sa_mlp_tiny', {}),
+    ('recursive_sa_moe_tiny', {}),
+    ('recursive_dsa_moe_tiny', {}),
+    ('recursive_dsa_moe_tiny', dict(topk=2, y_embed='soft', num_steps=5)),
+    ('recursive_dsa_moe_tiny', dict(in_chans=1, num_classes=7)),
+])
+def test_analytic_macs_match_flop_counter(unfused_attention, name, kwargs):
+    torch.manual_seed(0)
+    model = timm.create_model(name, **kwargs).eval()
+    input_size = (28, 28) if kwargs.get('in_chans') == 1 else (32, 32)
+    x = torch.randn(2, model.in_chans, *input_size)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(x)
+    assert counter.get_total_flops() == 2 * 2 * forward_macs(model, input_size)  # 2 images, 2 FLOPs per MAC
+
+
+def test_cli_json_and_table(capsys):
+    assert main(['recursive_sa_mlp_cifar', 'recursive_dsa_moe_cifar:topk=2', '--json']) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert list(data) == ['recursive_sa_mlp_cifar', 'recursive_dsa_moe_cifar:topk=2']
+    assert data['recursive_dsa_moe_cifar:topk=2']['topk'] == 2
+    assert main(['recursive_sa_mlp_cifar', 'recursive_dsa_moe_cifar']) == 0
+    table = capsys.readouterr().out
+    assert 'recursive_dsa_moe_cifar' in table and 'sparsity per step' in table
+
+
+def test_cli_errors(capsys):
+    with pytest.raises(SystemExit):
+        main(['not_a_model'])
+    assert 'unknown model' in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(['resnet18'])
+    assert 'not a recursive classifier' in capsys.readouterr().err
+    assert parse_model_spec('m:topk=2,y_embed=soft') == ('m', {'topk': 2, 'y_embed': 'soft'})
+    with pytest.raises(ValueError, match='key=value'):
+        parse_model_spec('m:topk')
+
+
+def test_report_on_a_real_model_matches_meta_model():
+    real = efficiency_report(timm.create_model('recursive_dsa_moe_tiny'))
+    meta = efficiency_report(timm.create_model('recursive_dsa_moe_tiny', device='meta'))
+    assert real == meta

@@ -1,0 +1,210 @@
+"""The recursive classifier family: registration, recursion, options, errors."""
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+import timm_recursive
+from timm_recursive.models import RecursiveClassifier
+
+TINY = dict(embed_dim=32, depth=2, num_heads=4, encoder_chans=(8, 16, 32))
+REGISTERED = [
+    'recursive_sa_mlp_cifar', 'recursive_sa_moe_cifar', 'recursive_dsa_moe_cifar',
+    'recursive_sa_mlp_tiny', 'recursive_sa_moe_tiny', 'recursive_dsa_moe_tiny',
+]
+
+
+def _tiny(**kwargs) -> RecursiveClassifier:
+    return RecursiveClassifier(**dict(TINY, **kwargs)).eval()
+
+
+def test_import_registers_every_model_and_pretrained_tag():
+    assert set(REGISTERED) <= set(timm.list_models('recursive_*'))
+    pretrained = set(timm.list_pretrained('recursive_*'))
+    for arch in REGISTERED[:3]:
+        for tag in ('cifar10', 'cifar100', 'mnist', 'fashion_mnist'):
+            name = f'{arch}.{tag}'
+            assert name in pretrained
+            cfg = timm.models.get_pretrained_cfg(name)
+            assert cfg.hf_hub_id == f'timm-recursive/{name}'
+    assert timm.models.get_pretrained_cfg('recursive_dsa_moe_cifar.mnist').input_size == (1, 28, 28)
+    assert timm.models.get_pretrained_cfg('recursive_dsa_moe_cifar.cifar100').num_classes == 100
+    assert timm_recursive.__version__
+
+
+def test_reported_configuration():
+    model = timm.create_model('recursive_dsa_moe_cifar', device='meta')
+    assert (model.embed_dim, len(model.blocks), model.num_steps, model.topk) == (512, 4, 16, 6)
+    assert model.blocks[0].attn.num_heads == 8 and model.blocks[0].attn.head_dim == 64
+    assert [s[0].out_channels for s in model.stages] == [64, 128, 256]
+    assert model.blocks[0].moe.num_experts == 4 and model.blocks[0].moe.experts_per_token == 2
+
+
+@pytest.mark.parametrize('attn,ffn', [('dense', 'mlp'), ('dense', 'moe'), ('dsa', 'moe'), ('dsa', 'mlp')])
+@pytest.mark.parametrize('num_steps', [1, 3, 9])
+def test_shapes_and_steps(attn, ffn, num_steps):
+    torch.manual_seed(0)
+    model = _tiny(attn=attn, ffn=ffn, num_steps=num_steps, topk=4)
+    x = torch.randn(3, 3, 32, 32)
+    logits = model(x)
+    assert logits.shape == (3, 10)
+    feats = model.forward_features(x)
+    assert feats.shape == (3, 1, num_steps + 2, 32)  # NHWC: summary, hypothesis, history z_0..z_{T-1}
+    assert model.forward_head(feats, pre_logits=True).shape == (3, 32)
+    steps, aux = model.forward_steps(x)
+    assert steps.shape == (num_steps, 3, 10)
+    torch.testing.assert_close(steps[-1], logits)
+    assert aux.shape == () and (aux.item() == 0.) == (ffn == 'mlp')
+
+
+def test_history_grows_by_one_latent_per_step():
+    model = _tiny(num_steps=5)
+    lengths = []
+    model.blocks[0].register_forward_pre_hook(lambda m, inp: lengths.append(inp[0].shape[1]))
+    model(torch.randn(1, 3, 32, 32))
+    assert lengths == [3, 4, 5, 6, 7]
+
+
+def test_dsa_turns_sparse_once_history_exceeds_topk():
+    model = _tiny(num_steps=8, topk=4)
+    selected = []
+    model.blocks[0].attn.register_forward_hook(
+        lambda m, inp, out: selected.append(m.select(inp[0]).shape[-1]))
+    model(torch.randn(2, 3, 32, 32))
+    assert selected == [3, 4, 4, 4, 4, 4, 4, 4]  # L_t = t + 2 keys until L_t > k
+
+
+def test_hard_and_soft_hypothesis_embedding():
+    torch.manual_seed(0)
+    hard = _tiny(y_embed='hard', num_steps=4)
+    soft = _tiny(y_embed='soft', num_steps=4)
+    soft.load_state_dict(hard.state_dict())
+    logits = torch.randn(2, 10)
+    torch.testing.assert_close(hard._hypothesis_embed(logits), hard.class_embed.weight[logits.argmax(-1)])
+    torch.testing.assert_close(soft._hypothesis_embed(logits), logits.softmax(-1) @ soft.class_embed.weight)
+    x = torch.randn(2, 3, 32, 32)
+    assert not torch.allclose(hard(x), soft(x))
+    # soft feedback is differentiable: earlier steps' logits get gradient through the hypothesis token
+    soft.train()
+    soft.forward_steps(x)[0][-1].sum().backward()
+    assert soft.head.weight.grad is not None and torch.count_nonzero(soft.head.weight.grad) > 0
+
+
+def test_in_chans_and_num_classes():
+    model = timm.create_model('recursive_dsa_moe_tiny', in_chans=1, num_classes=100)
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 100)
+    assert model.class_embed.num_embeddings == 100
+    model = timm.create_model('recursive_sa_mlp_tiny', num_classes=0)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 128)
+    with pytest.raises(RuntimeError, match='num_classes'):
+        model.forward_steps(torch.randn(2, 3, 32, 32))
+
+
+def test_reset_classifier_replaces_head_and_class_embedding():
+    model = _tiny()
+    model.reset_classifier(7)
+    assert model.head.out_features == 7 and model.class_embed.num_embeddings == 7
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 7)
+    model.reset_classifier(0, 'avg')
+    assert model.global_pool == 'avg' and model.class_embed is None
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 32)
+    with pytest.raises(ValueError, match='global_pool'):
+        model.reset_classifier(3, 'max')
+
+
+def test_every_parameter_gets_gradient_from_deep_supervision():
+    torch.manual_seed(0)
+    model = timm.create_model('recursive_dsa_moe_tiny', num_steps=8).train()
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    steps, aux = model.forward_steps(x)
+    loss = F.cross_entropy(steps.flatten(0, 1), y.repeat(steps.shape[0])) + 0.01 * aux
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.count_nonzero(p.grad) > 0, name
+    names = {n for n, _ in model.named_parameters()}
+    assert any('experts.3' in n for n in names) and any('index_q' in n for n in names)
+
+
+def test_determinism_under_fixed_seed():
+    def build_and_run():
+        torch.manual_seed(123)
+        model = timm.create_model('recursive_dsa_moe_tiny')
+        return model, model(torch.randn(4, 3, 32, 32))
+
+    (m1, out1), (m2, out2) = build_and_run(), build_and_run()
+    assert torch.equal(out1, out2)
+    for (n, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items()):
+        assert torch.equal(a, b), n
+    m1.eval()
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.equal(m1(x), m1(x))
+
+
+def test_grad_checkpointing_keeps_outputs_and_gradients():
+    torch.manual_seed(0)
+    model = _tiny(num_steps=4).train()
+    x = torch.randn(2, 3, 32, 32)
+    model(x).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_grad_checkpointing()
+    model(x).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_features_only_exposes_the_encoder_stages():
+    model = timm.create_model('recursive_dsa_moe_tiny', features_only=True)
+    feats = model(torch.randn(1, 3, 32, 32))
+    assert [f.shape[1:] for f in feats] == [(32, 16, 16), (64, 8, 8), (128, 4, 4)]
+    assert model.feature_info.reduction() == [2, 4, 8]
+
+
+def test_optimizer_groups_and_no_weight_decay():
+    from timm.optim import create_optimizer_v2
+    model = timm.create_model('recursive_dsa_moe_tiny')
+    opt = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=0.75)
+    assert len(opt.param_groups) > 2
+    no_decay = {n for n, _ in model.named_parameters() if n in model.no_weight_decay()}
+    assert no_decay == {'y_init', 'z_init', 'role_embed', 'class_embed.weight'}
+
+
+@pytest.mark.parametrize('shape,dtype,error,match', [
+    ((2, 1, 32, 32), torch.float32, ValueError, 'expected 3 input channels, got 1'),
+    ((3, 32, 32), torch.float32, ValueError, r'expected an image batch of shape \(B, 3, H, W\)'),
+    ((2, 3, 32, 32, 1), torch.float32, ValueError, 'image batch'),
+    ((2, 3, 32, 32), torch.uint8, TypeError, 'floating point'),
+])
+def test_bad_input_errors_name_the_problem(shape, dtype, error, match):
+    model = _tiny()
+    x = torch.zeros(shape, dtype=dtype)
+    with pytest.raises(error, match=match):
+        model(x)
+    with pytest.raises(error, match=match):
+        model.forward_steps(x)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(topk=0), 'topk'),
+    (dict(topk=-2), 'topk'),
+    (dict(experts_per_token=5), 'experts_per_token'),
+    (dict(num_experts=2, experts_per_token=3), 'experts_per_token'),
+    (dict(y_embed='mixed'), 'y_embed'),
+    (dict(attn='linear'), 'attn'),
+    (dict(ffn='glu'), 'ffn'),
+    (dict(num_steps=0), 'num_steps'),
+    (dict(global_pool='max'), 'global_pool'),
+])
+def test_bad_arguments_raise_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        timm.create_model('recursive_dsa_moe_tiny', **kwargs)
+
+
+def test_unknown_argument_is_a_type_error():
+    with pytest.raises(TypeError):
+        timm.create_model('recursive_dsa_moe_tiny', not_an_argument=1)
+
+
+def test_bfloat16_forward():
+    model = _tiny(num_steps=3).to(torch.bfloat16)
+    assert model(torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
