@@ -143,7 +143,7 @@ def format_table(reports: Dict[str, Dict]) -> str:
             '-' if r['crossover_step'] is None else f"step {r['crossover_step']}",
         ])
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    lines = ['  '.join(x.ljust(w) for x, w in zip(line, widths)) for line in [head] + rows]
+    lines = ['  '.join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head] + rows]
     lines.insert(1, '  '.join('-' * w for w in widths))
     lines.append(f'ratios against {first}')
     for name, r in reports.items():
