@@ -178,10 +178,11 @@ class RecursiveClassifier(nn.Module):
         dd = {'device': device, 'dtype': dtype}
         _check_choice('global_pool', global_pool, _GLOBAL_POOLS)
         _check_choice('y_embed', y_embed, ('hard', 'soft'))
-        for name, value in (('num_classes', num_classes), ('in_chans', in_chans), ('num_steps', num_steps)):
-            if not isinstance(value, int) or value < (0 if name == 'num_classes' else 1):
-                raise ValueError(f'{name} must be a {"non-negative" if name == "num_classes" else "positive"} '
-                                 f'integer, got {value!r}')
+        if not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f'num_classes must be a non-negative integer, got {num_classes!r}')
+        for name, value in (('in_chans', in_chans), ('num_steps', num_steps)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f'{name} must be a positive integer, got {value!r}')
         if len(encoder_chans) != 3:
             raise ValueError(f'encoder_chans must give 3 stage widths, got {encoder_chans!r}')
         self.num_classes = num_classes
@@ -225,8 +226,8 @@ class RecursiveClassifier(nn.Module):
         ])
         self.norm = nn.LayerNorm(embed_dim, **dd)
         self.head_drop = nn.Dropout(drop_rate)
-        self.head: nn.Module = nn.Identity()
-        self.class_embed: Optional[nn.Embedding] = None
+        self.head = nn.Identity()
+        self.class_embed = None
         self.init_weights()
         self.reset_classifier(num_classes)
 
