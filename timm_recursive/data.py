@@ -1,0 +1,292 @@
+"""Dataset resolution and transforms: any image-classification dataset to any registered model.
+
+``resolve_dataset(name)`` turns a ``--dataset`` argument into train and eval splits of a
+``datasets.Dataset`` with known image and label columns:
+
+* ``digits``: scikit-learn's bundled 8x8 handwritten digits (1,797 images), split with a fixed
+  stratified 75/25 train/test split: the offline default;
+* a local path: a ``save_to_disk`` folder, a folder or file of parquet files, a folder of
+  MNIST-format IDX files, or an ``imagefolder`` tree (``split/class/image``);
+* a Hugging Face Hub dataset id or one of the aliases ``cifar10``, ``cifar100``, ``mnist``,
+  ``fashion_mnist``. When the Hub cannot be reached, ``mnist`` and ``fashion_mnist`` fall back to
+  local IDX files (the Debian package ``dataset-fashion-mnist`` installs FashionMNIST's under
+  ``/usr/share/datasets/fashion-mnist/``) and say where they read from.
+
+``create_dataset_transform(model, splits, is_training)`` builds timm's transform from the model's
+pretrained config and adapts every image to the model's channels (grayscale or RGB) and size.
+"""
+import gzip
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = [
+    'DATASET_ALIASES', 'IDX_DIRS', 'DatasetSplits', 'DatasetError', 'resolve_dataset', 'read_idx',
+    'create_dataset_transform',
+]
+
+DATASET_ALIASES = {
+    'cifar10': 'uoft-cs/cifar10',
+    'cifar100': 'uoft-cs/cifar100',
+    'mnist': 'ylecun/mnist',
+    'fashion_mnist': 'zalando-datasets/fashion_mnist',
+}
+# where the IDX fallbacks look, in order (TIMM_RECURSIVE_IDX_DIR first when set)
+IDX_DIRS = {
+    'mnist': ['/usr/share/datasets/mnist', os.path.expanduser('~/.cache/timm_recursive/mnist')],
+    'fashion_mnist': ['/usr/share/datasets/fashion-mnist', os.path.expanduser('~/.cache/timm_recursive/fashion_mnist')],
+}
+IDX_CLASS_NAMES = {
+    'mnist': [str(i) for i in range(10)],
+    'fashion_mnist': ['T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt', 'Sneaker',
+                      'Bag', 'Ankle boot'],
+}
+IMAGE_COLUMNS = ('img', 'image', 'pixel_values')
+LABEL_COLUMNS = ('label', 'fine_label', 'labels')
+_IDX_FILES = {'train': 'train-images-idx3-ubyte', 'test': 't10k-images-idx3-ubyte'}
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype('>i2'), 0x0C: np.dtype('>i4'),
+               0x0D: np.dtype('>f4'), 0x0E: np.dtype('>f8')}
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be used, with what is wrong and where it was looked for."""
+
+
+@dataclass
+class DatasetSplits:
+    train: 'datasets.Dataset'  # noqa: F821
+    eval: 'datasets.Dataset'  # noqa: F821
+    image_column: str
+    label_column: str
+    num_classes: int
+    class_names: Optional[List[str]] = None
+    source: str = ''
+    notes: List[str] = field(default_factory=list)
+
+
+def read_idx(path: str) -> np.ndarray:
+    """Read an MNIST-format IDX file (optionally gzipped) into an array, checking its header."""
+    opener = gzip.open if path.endswith('.gz') else open
+    with opener(path, 'rb') as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        raise DatasetError(f'{path} is not an IDX file (bad magic number {data[:4].hex()})')
+    dtype, ndim = np.dtype(_IDX_DTYPES[data[2]]), data[3]
+    header = 4 + 4 * ndim
+    shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big') for i in range(ndim))
+    expected = int(np.prod(shape)) * dtype.itemsize
+    if len(data) - header != expected:
+        raise DatasetError(f'{path} is truncated or corrupt: header says shape {shape} '
+                           f'({expected} bytes), file holds {len(data) - header}')
+    return np.frombuffer(data, dtype=dtype, offset=header).reshape(shape)
+
+
+def _find_idx(directory: str, stem: str) -> Optional[str]:
+    for name in (stem, stem + '.gz', stem.replace('-idx', '.idx'), stem.replace('-idx', '.idx') + '.gz'):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _has_idx(directory: str) -> bool:
+    return os.path.isdir(directory) and all(_find_idx(directory, stem) for stem in _IDX_FILES.values())
+
+
+def _load_idx_dir(directory: str, class_names: Optional[List[str]] = None):
+    import datasets
+    splits = {}
+    for split, stem in _IDX_FILES.items():
+        images = read_idx(_find_idx(directory, stem))
+        label_path = _find_idx(directory, stem.replace('images-idx3', 'labels-idx1'))
+        if label_path is None:
+            raise DatasetError(f'{directory} has {stem} but no matching labels file')
+        labels = read_idx(label_path)
+        if images.ndim != 3 or labels.shape != (images.shape[0],):
+            raise DatasetError(f'{directory}: {split} images {images.shape} and labels {labels.shape} do not match')
+        num_classes = int(labels.max()) + 1
+        names = class_names or [str(i) for i in range(num_classes)]
+        features = datasets.Features({
+            'image': datasets.Array2D(shape=images.shape[1:], dtype='uint8'),
+            'label': datasets.ClassLabel(names=names),
+        })
+        splits[split] = datasets.Dataset.from_dict(
+            {'image': images, 'label': labels.astype(np.int64)}, features=features)
+    return datasets.DatasetDict(splits)
+
+
+def _load_digits():
+    import datasets
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    # pixel values are 0..16: scale to 0..255 grayscale images
+    images = np.round(digits.images * (255. / 16.)).astype(np.uint8)
+    train_idx, test_idx = train_test_split(
+        np.arange(len(images)), test_size=0.25, stratify=digits.target, random_state=0)
+    features = datasets.Features({
+        'image': datasets.Array2D(shape=(8, 8), dtype='uint8'),
+        'label': datasets.ClassLabel(names=[str(i) for i in range(10)]),
+    })
+    return datasets.DatasetDict({
+        split: datasets.Dataset.from_dict(
+            {'image': images[idx], 'label': digits.target[idx].astype(np.int64)}, features=features)
+        for split, idx in (('train', train_idx), ('test', test_idx))
+    })
+
+
+def _load_local(path: str):
+    import datasets
+    if os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f)) for f in (
+            'dataset_dict.json', 'dataset_info.json', 'state.json')):
+        return datasets.load_from_disk(path), f'save_to_disk folder {path}'
+    if _has_idx(path):
+        return _load_idx_dir(path), f'IDX files in {path}'
+    parquet = [path] if path.endswith('.parquet') else sorted(
+        os.path.join(root, f) for root, _, files in os.walk(path) for f in files if f.endswith('.parquet'))
+    if parquet:
+        data_files: Dict[str, List[str]] = {}
+        for f in parquet:
+            split = next((s for s in ('train', 'test', 'validation', 'valid', 'val')
+                          if os.path.basename(f).startswith(s) or f'{os.sep}{s}{os.sep}' in f), 'train')
+            data_files.setdefault(split, []).append(f)
+        return datasets.load_dataset('parquet', data_files=data_files), f'parquet files under {path}'
+    if os.path.isdir(path):
+        return datasets.load_dataset('imagefolder', data_dir=path), f'imagefolder {path}'
+    raise DatasetError(f'{path} is neither a dataset folder nor a parquet file')
+
+
+def _idx_fallback(alias: str) -> Tuple[Optional[str], List[str]]:
+    dirs = ([os.environ['TIMM_RECURSIVE_IDX_DIR']] if os.environ.get('TIMM_RECURSIVE_IDX_DIR') else []) + IDX_DIRS[alias]
+    return next((d for d in dirs if _has_idx(d)), None), dirs
+
+
+def _load_named(name: str):
+    """Hub dataset id or alias; returns (DatasetDict, source, notes)."""
+    import datasets
+    hub_id = DATASET_ALIASES.get(name, name)
+    try:
+        return datasets.load_dataset(hub_id), f'Hugging Face Hub dataset {hub_id}', []
+    except Exception as hub_error:  # offline, unreachable or unknown: fall back or explain
+        if name in IDX_DIRS:
+            directory, looked = _idx_fallback(name)
+            if directory is not None:
+                note = f'{hub_id} unavailable ({type(hub_error).__name__}); read IDX files from {directory}'
+                return _load_idx_dir(directory, IDX_CLASS_NAMES[name]), f'IDX files in {directory}', [note]
+            raise DatasetError(
+                f'cannot load {name!r}: the Hub dataset {hub_id} is unavailable ({hub_error}) and no IDX files '
+                f'were found in {", ".join(looked)} (set TIMM_RECURSIVE_IDX_DIR to a folder of them)') from hub_error
+        raise DatasetError(
+            f'unknown or unavailable dataset {name!r}: not "digits", not a local path, and loading Hub '
+            f'dataset {hub_id!r} failed ({hub_error}); aliases: {", ".join(DATASET_ALIASES)}') from hub_error
+
+
+def _pick_column(columns: Sequence[str], requested: Optional[str], candidates: Sequence[str], what: str,
+                 split: str) -> str:
+    if requested is not None:
+        if requested not in columns:
+            raise DatasetError(f'{what} column {requested!r} not in split {split!r}; columns: {list(columns)}')
+        return requested
+    found = next((c for c in candidates if c in columns), None)
+    if found is None:
+        raise DatasetError(f'no {what} column in split {split!r} (looked for {list(candidates)}); '
+                           f'columns: {list(columns)}: pass the {what} column name')
+    return found
+
+
+def _pick_split(dd, requested: Optional[str], candidates: Sequence[str], what: str) -> str:
+    if requested is not None:
+        if requested not in dd:
+            raise DatasetError(f'{what} split {requested!r} not found; splits: {list(dd)}')
+        return requested
+    found = next((s for s in candidates if s in dd), None)
+    if found is None:
+        raise DatasetError(f'no {what} split (looked for {list(candidates)}); splits: {list(dd)}')
+    return found
+
+
+def resolve_dataset(
+        name: str,
+        image_column: Optional[str] = None,
+        label_column: Optional[str] = None,
+        train_split: Optional[str] = None,
+        eval_split: Optional[str] = None,
+        num_classes: Optional[int] = None,
+) -> DatasetSplits:
+    """Resolve ``name`` (see the module docstring) to checked train/eval splits.
+
+    Columns and splits are detected (``img``/``image``, ``label``/``fine_label``; ``train`` and
+    ``test``/``validation``) unless given. ``num_classes``, when given, must cover every label.
+    """
+    if name == 'digits':
+        dd, source, notes = _load_digits(), "scikit-learn's bundled digits (stratified 75/25 split, seed 0)", []
+    elif os.path.exists(name):
+        (dd, source), notes = _load_local(name), []
+    else:
+        dd, source, notes = _load_named(name)
+
+    train = _pick_split(dd, train_split, ('train',), 'train')
+    evaluation = _pick_split(dd, eval_split, ('test', 'validation', 'valid', 'val'), 'eval')
+    columns = dd[train].column_names
+    image = _pick_column(columns, image_column, IMAGE_COLUMNS, 'image', train)
+    label = _pick_column(columns, label_column, LABEL_COLUMNS, 'label', train)
+    for split in (train, evaluation):
+        if len(dd[split]) == 0:
+            raise DatasetError(f'split {split!r} of {source} is empty')
+        for column, what in ((image, 'image'), (label, 'label')):
+            if column not in dd[split].column_names:
+                raise DatasetError(f'{what} column {column!r} missing from split {split!r}; '
+                                   f'columns: {dd[split].column_names}')
+
+    feature = dd[train].features[label]
+    class_names = list(feature.names) if hasattr(feature, 'names') else None
+    labels = {split: np.asarray(dd[split][label]) for split in (train, evaluation)}
+    found_classes = len(class_names) if class_names else int(max(l.max() for l in labels.values())) + 1
+    num_classes = num_classes or found_classes
+    for split, values in labels.items():
+        if values.min() < 0 or values.max() >= num_classes:
+            raise DatasetError(f'labels of split {split!r} span {int(values.min())}..{int(values.max())}, '
+                               f'outside 0..{num_classes - 1} (num_classes={num_classes})')
+    return DatasetSplits(
+        train=dd[train], eval=dd[evaluation], image_column=image, label_column=label, num_classes=num_classes,
+        class_names=class_names, source=source, notes=notes)
+
+
+def _to_pil(image, mode: str):
+    from PIL import Image
+    if isinstance(image, dict) and image.get('bytes') is not None:
+        import io
+        image = Image.open(io.BytesIO(image['bytes']))
+    elif not isinstance(image, Image.Image):
+        image = Image.fromarray(np.asarray(image, dtype=np.uint8))
+    return image.convert(mode) if image.mode != mode else image
+
+
+def create_dataset_transform(
+        model, splits: DatasetSplits, is_training: bool, **transform_kwargs) -> Callable[[dict], dict]:
+    """A ``Dataset.with_transform`` function giving ``pixel_values`` and ``label`` for ``model``.
+
+    Uses timm's ``resolve_data_config`` / ``create_transform`` with the model's pretrained config
+    (input size, interpolation, mean/std); images of any mode are first converted to the model's
+    channels (1: grayscale, 3: RGB), so any dataset feeds any model. ``transform_kwargs`` go to
+    ``create_transform`` (augmentation such as ``scale``, ``hflip``, ``auto_augment``).
+    """
+    from timm.data import create_transform, resolve_data_config
+
+    config = resolve_data_config(model=model)
+    in_chans = config['input_size'][0]
+    if in_chans not in (1, 3):
+        raise DatasetError(f'images can be converted to 1 or 3 channels, the model takes {in_chans}')
+    mode = 'L' if in_chans == 1 else 'RGB'
+    transform = create_transform(**config, is_training=is_training, **transform_kwargs)
+
+    def apply(batch: dict) -> dict:
+        return {
+            'pixel_values': [transform(_to_pil(img, mode)) for img in batch[splits.image_column]],
+            'label': batch[splits.label_column],
+        }
+
+    return apply
