@@ -117,9 +117,9 @@ def test_imagefolder_tree(tmp_path):
 
 def test_column_label_and_split_errors(tmp_path):
     _small_dataset_dict('picture', 'y').save_to_disk(str(tmp_path / 'odd'))
-    with pytest.raises(DatasetError, match=r"no image column .*columns: \['picture', 'y'\]"):
+    with pytest.raises(DatasetError, match=r"no image column in split 'train' .*available: \['picture', 'y'\]"):
         resolve_dataset(str(tmp_path / 'odd'))
-    with pytest.raises(DatasetError, match="label column 'label' not in split 'train'"):
+    with pytest.raises(DatasetError, match="label column 'label' not found in split 'train'"):
         resolve_dataset(str(tmp_path / 'odd'), image_column='picture', label_column='label')
     splits = resolve_dataset(str(tmp_path / 'odd'), image_column='picture', label_column='y')
     assert splits.num_classes == 3

@@ -184,27 +184,17 @@ def _load_named(name: str):
             f'dataset {hub_id!r} failed ({hub_error}); aliases: {", ".join(DATASET_ALIASES)}') from hub_error
 
 
-def _pick_column(columns: Sequence[str], requested: Optional[str], candidates: Sequence[str], what: str,
-                 split: str) -> str:
+def _pick(available: Sequence[str], requested: Optional[str], candidates: Sequence[str], what: str,
+          where: str = '') -> str:
+    """The requested name, else the first candidate present; ``what`` is e.g. 'image column'."""
     if requested is not None:
-        if requested not in columns:
-            raise DatasetError(f'{what} column {requested!r} not in split {split!r}; columns: {list(columns)}')
+        if requested not in available:
+            raise DatasetError(f'{what} {requested!r} not found{where}; available: {list(available)}')
         return requested
-    found = next((c for c in candidates if c in columns), None)
+    found = next((c for c in candidates if c in available), None)
     if found is None:
-        raise DatasetError(f'no {what} column in split {split!r} (looked for {list(candidates)}); '
-                           f'columns: {list(columns)}: pass the {what} column name')
-    return found
-
-
-def _pick_split(dd, requested: Optional[str], candidates: Sequence[str], what: str) -> str:
-    if requested is not None:
-        if requested not in dd:
-            raise DatasetError(f'{what} split {requested!r} not found; splits: {list(dd)}')
-        return requested
-    found = next((s for s in candidates if s in dd), None)
-    if found is None:
-        raise DatasetError(f'no {what} split (looked for {list(candidates)}); splits: {list(dd)}')
+        raise DatasetError(f'no {what}{where} (looked for {list(candidates)}); available: {list(available)}: '
+                           f'pass the {what} name')
     return found
 
 
@@ -228,11 +218,11 @@ def resolve_dataset(
     else:
         dd, source, notes = _load_named(name)
 
-    train = _pick_split(dd, train_split, ('train',), 'train')
-    evaluation = _pick_split(dd, eval_split, ('test', 'validation', 'valid', 'val'), 'eval')
+    train = _pick(list(dd), train_split, ('train',), 'train split')
+    evaluation = _pick(list(dd), eval_split, ('test', 'validation', 'valid', 'val'), 'eval split')
     columns = dd[train].column_names
-    image = _pick_column(columns, image_column, IMAGE_COLUMNS, 'image', train)
-    label = _pick_column(columns, label_column, LABEL_COLUMNS, 'label', train)
+    image = _pick(columns, image_column, IMAGE_COLUMNS, 'image column', f' in split {train!r}')
+    label = _pick(columns, label_column, LABEL_COLUMNS, 'label column', f' in split {train!r}')
     for split in (train, evaluation):
         if len(dd[split]) == 0:
             raise DatasetError(f'split {split!r} of {source} is empty')
