@@ -53,6 +53,13 @@ def test_idx_folder(tmp_path, gz):
     assert 'IDX files' in splits.source
 
 
+def test_idx_splits_share_one_class_list(tmp_path):
+    directory = _write_idx_dir(str(tmp_path / 'idx'), n_train=12, n_test=2, num_classes=3)  # test: labels 0, 1
+    splits = resolve_dataset(directory)
+    assert splits.num_classes == 3
+    assert splits.eval.features['label'].names == splits.train.features['label'].names == ['0', '1', '2']
+
+
 def test_corrupt_and_truncated_idx_files_name_the_file(tmp_path):
     bad = tmp_path / 'bad-idx'
     bad.write_bytes(b'\x01\x02\x03\x04rest')

@@ -97,7 +97,7 @@ def _has_idx(directory: str) -> bool:
 
 def _load_idx_dir(directory: str, class_names: Optional[List[str]] = None):
     import datasets
-    splits = {}
+    arrays = {}
     for split, stem in _IDX_FILES.items():
         images = read_idx(_find_idx(directory, stem))
         label_path = _find_idx(directory, stem.replace('images-idx3', 'labels-idx1'))
@@ -106,15 +106,16 @@ def _load_idx_dir(directory: str, class_names: Optional[List[str]] = None):
         labels = read_idx(label_path)
         if images.ndim != 3 or labels.shape != (images.shape[0],):
             raise DatasetError(f'{directory}: {split} images {images.shape} and labels {labels.shape} do not match')
-        num_classes = int(labels.max()) + 1
-        names = class_names or [str(i) for i in range(num_classes)]
-        features = datasets.Features({
+        arrays[split] = images, labels.astype(np.int64)
+    # one class list for both splits, even when a split lacks the highest label
+    names = class_names or [str(i) for i in range(1 + max(int(labels.max()) for _, labels in arrays.values()))]
+    return datasets.DatasetDict({
+        split: datasets.Dataset.from_dict({'image': images, 'label': labels}, features=datasets.Features({
             'image': datasets.Array2D(shape=images.shape[1:], dtype='uint8'),
             'label': datasets.ClassLabel(names=names),
-        })
-        splits[split] = datasets.Dataset.from_dict(
-            {'image': images, 'label': labels.astype(np.int64)}, features=features)
-    return datasets.DatasetDict(splits)
+        }))
+        for split, (images, labels) in arrays.items()
+    })
 
 
 def _load_digits():
