@@ -7,7 +7,7 @@ TIMM_SUITE := tests/timm_suite/test_models.py
 # tests never wait on the network: the Hugging Face Hub is read from local caches only
 TEST_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-.PHONY: help install test test-fast timm-suite demo bench efficiency clean
+.PHONY: help install test test-fast demo bench efficiency clean
 
 help:
 	@echo "make demo    run the demo (installs first)"
@@ -31,7 +31,7 @@ $(TIMM_SUITE): $(STAMP)
 	mv $@.tmp $@
 
 test: $(STAMP) $(TIMM_SUITE)
-	$(TEST_ENV) $(PY) -m pytest -n 2 --dist loadgroup -q
+	$(TEST_ENV) $(PY) -m pytest -n 2 -q
 
 test-fast: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q --ignore=tests/timm_suite
