@@ -87,6 +87,23 @@ def test_dsa_indexer_receives_gradient_in_dense_and_sparse_regimes():
             assert p.grad is not None and torch.count_nonzero(p.grad) > 0, seq_len
 
 
+def test_dsa_gradients_stay_finite_for_extreme_indexer_scores():
+    # a sigmoid(s) / stop_grad(sigmoid(s)) gate divides by an underflowed sigmoid here and gives NaN
+    torch.manual_seed(0)
+    for seq_len in (4, 12):
+        attn = DynamicSparseAttention(32, num_heads=2, topk=6)
+        with torch.no_grad():
+            attn.index_q.weight.mul_(300.)
+            attn.index_k.weight.mul_(300.)
+        x = torch.randn(2, seq_len, 32, requires_grad=True)
+        assert attn._project(x)[2].abs().max() > 200  # sigmoid(-200) underflows to 0 in float32
+        out = attn(x)
+        out.square().sum().backward()
+        assert torch.isfinite(out).all()
+        for p in [x] + list(attn.parameters()):
+            assert torch.isfinite(p.grad).all(), seq_len
+
+
 def test_sparsity_formula():
     assert sparse_attention_sparsity(6, 6) == 0.
     assert sparse_attention_sparsity(12, 6) == 0.5
