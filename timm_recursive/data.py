@@ -256,6 +256,26 @@ def _to_pil(image, mode: str):
     return image.convert(mode) if image.mode != mode else image
 
 
+def _model_in_chans(model, default: int) -> int:
+    first_conv = model.pretrained_cfg.get('first_conv') if hasattr(model, 'pretrained_cfg') else None
+    if isinstance(first_conv, str):
+        try:
+            return int(model.get_submodule(first_conv).weight.shape[1])
+        except AttributeError:
+            pass
+    return int(getattr(model, 'in_chans', default))
+
+
+def _per_channel(values, in_chans: int) -> tuple:
+    """Mean/std for ``in_chans`` channels: one value repeated, or an RGB triple averaged to gray."""
+    values = tuple(values)
+    if len(values) == in_chans:
+        return values
+    if len(values) == 1:
+        return values * in_chans
+    return (sum(values) / len(values),) * in_chans if in_chans == 1 else values
+
+
 def create_dataset_transform(
         model, splits: DatasetSplits, is_training: bool, **transform_kwargs) -> Callable[[dict], dict]:
     """A ``Dataset.with_transform`` function giving ``pixel_values`` and ``label`` for ``model``.
@@ -268,7 +288,10 @@ def create_dataset_transform(
     from timm.data import create_transform, resolve_data_config
 
     config = resolve_data_config(model=model)
-    in_chans = config['input_size'][0]
+    # the pretrained config's channels may differ from the instance's (e.g. created with in_chans=1)
+    in_chans = _model_in_chans(model, config['input_size'][0])
+    config['input_size'] = (in_chans, *config['input_size'][1:])
+    config['mean'], config['std'] = (_per_channel(config[k], in_chans) for k in ('mean', 'std'))
     if in_chans not in (1, 3):
         raise DatasetError(f'images can be converted to 1 or 3 channels, the model takes {in_chans}')
     mode = 'L' if in_chans == 1 else 'RGB'

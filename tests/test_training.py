@@ -1,0 +1,231 @@
+"""Training pipeline: deep supervision, per-step evaluation, atomic states, exact resume, export, errors."""
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+import timm
+import timm_recursive  # noqa: F401
+from timm_recursive.training import (
+    CheckpointError, StepOutputs, create_model_from_checkpoint, deep_supervision_loss, evaluate_steps,
+    find_last_state, load_weights, step_weights)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_script(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, 'train_scripts', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_script = _load_script('train')
+evaluate_script = _load_script('evaluate')
+
+# a few seconds per run: 64 digits, 2 recursion steps, batch 16
+TINY_RUN = ['--model', 'recursive_dsa_moe_tiny', '--dataset', 'digits', '--model-kwargs', 'num_steps=3', 'topk=2',
+            '--max-train-samples', '64', '--max-eval-samples', '40', '--batch-size', '16', '--eval-batch-size', '16',
+            '--scale', '0.8', '1', '--hflip', '0', '--no-progress', '--warmup-epochs', '1']
+
+
+def _state_weights(run_dir, name):
+    return load_file(os.path.join(run_dir, 'checkpoints', name, 'model.safetensors'))
+
+
+def test_step_weights():
+    for weighting in ('uniform', 'linear', 'last'):
+        w = step_weights(4, weighting)
+        assert w.shape == (4,) and w.sum().item() == pytest.approx(1.)
+    assert step_weights(4, 'uniform').tolist() == [0.25] * 4
+    assert step_weights(4, 'linear').tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert step_weights(4, 'last').tolist() == [0., 0., 0., 1.]
+    with pytest.raises(ValueError, match='step weighting'):
+        step_weights(4, 'exponential')
+
+
+def test_deep_supervision_loss_is_the_weighted_sum_of_step_losses():
+    torch.manual_seed(0)
+    logits, target = torch.randn(3, 5, 7), torch.randint(0, 7, (5,))
+    w = step_weights(3, 'linear')
+    expected = sum(w[t] * F.cross_entropy(logits[t], target, label_smoothing=0.1) for t in range(3))
+    assert deep_supervision_loss(logits, target, w, label_smoothing=0.1).item() == pytest.approx(expected.item(), rel=1e-6)
+    soft = F.one_hot(target, 7).float()  # soft targets (Mixup/CutMix) give the same loss as indices
+    assert deep_supervision_loss(logits, soft, w).item() == pytest.approx(deep_supervision_loss(logits, target, w).item(), rel=1e-6)
+
+
+def test_evaluate_steps_counts_per_step_hits():
+    class Fixed(torch.nn.Module):  # step 1: top-1 right on half the images, step 2 on all
+        def forward_steps(self, x):
+            target = x[:, 0, 0, 0].long()
+            wrong = F.one_hot(torch.where(target % 2 == 0, target, (target + 1) % 10), 10).float()
+            first = 2 * wrong + F.one_hot(target, 10).float()  # the label second-best when wrong
+            return torch.stack([first, F.one_hot(target, 10).float()]), x.new_zeros(())
+
+    x = torch.arange(8).float().view(8, 1, 1, 1).expand(8, 1, 2, 2)
+    loader = [{'pixel_values': x[:5], 'label': torch.arange(5)}, {'pixel_values': x[5:], 'label': torch.arange(5, 8)}]
+    result = evaluate_steps(StepOutputs(Fixed()), loader)
+    assert result['top1'] == [50., 100.] and result['top5'] == [100., 100.] and result['images'] == 8
+
+
+def test_step_outputs_wraps_plain_timm_models():
+    model = timm.create_model('resnet10t', num_classes=3)
+    logits, aux = StepOutputs(model)(torch.randn(2, 3, 32, 32))
+    assert logits.shape == (1, 2, 3) and aux.item() == 0. and StepOutputs(model).num_steps == 1
+
+
+def test_train_writes_metrics_summary_and_a_loadable_export(tmp_path):
+    run = str(tmp_path / 'run')
+    assert train_script.main(TINY_RUN + ['--epochs', '2', '--output', run]) == 0
+    lines = [json.loads(line) for line in open(os.path.join(run, 'metrics.jsonl'))]
+    assert [r['epoch'] for r in lines] == [1, 2]
+    for key in ('train_loss', 'train_ce', 'train_aux', 'eval_top1_per_step', 'eval_top5_per_step',
+                'train_images_per_s', 'eval_images_per_s', 'wall_time_s', 'lr'):
+        assert key in lines[-1], key
+    assert len(lines[-1]['eval_top1_per_step']) == 3
+    summary = json.load(open(os.path.join(run, 'summary.json')))
+    assert summary['final']['epoch'] == 2 and summary['num_steps'] == 3
+    assert sorted(os.listdir(os.path.join(run, 'model'))) == ['config.json', 'model.safetensors']
+    config = json.load(open(os.path.join(run, 'model', 'config.json')))
+    assert config['architecture'] == 'recursive_dsa_moe_tiny' and config['model_args']['num_steps'] == 3
+    assert config['label_names'] == [str(i) for i in range(10)]
+
+    # the export reloads through timm (local-dir:) and reproduces the best epoch's accuracy
+    model = timm.create_model(f'local-dir:{os.path.join(run, "model")}', pretrained=True)
+    assert isinstance(model, timm_recursive.models.recursive_classifier.RecursiveClassifier)
+    assert model.num_steps == 3 and model.topk == 2
+    out = str(tmp_path / 'eval.json')
+    assert evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-samples', '40',
+                                 '--json', out]) == 0
+    assert json.load(open(out))['top1'] == summary['best']['eval_top1_per_step']
+    # a training state folder loads too (architecture from the run's args.json)
+    state_model = create_model_from_checkpoint(os.path.join(run, 'checkpoints', 'epoch0002'))
+    saved = _state_weights(run, 'epoch0002')  # keys of the StepOutputs wrapper: 'model.' + name
+    assert all(torch.equal(v, saved['model.' + k]) for k, v in state_model.state_dict().items())
+
+
+def _interrupt_after(monkeypatch, calls):
+    """Deliver SIGTERM to this process during the ``calls``-th training step."""
+    count = {'n': 0}
+    original = train_script.deep_supervision_loss
+
+    def loss_then_signal(*args, **kwargs):
+        count['n'] += 1
+        if count['n'] == calls:
+            signal.raise_signal(signal.SIGTERM)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(train_script, 'deep_supervision_loss', loss_then_signal)
+
+
+@pytest.mark.parametrize('stop_at_step', [2, 4])  # 4 steps per epoch: mid-epoch and at the epoch's end
+def test_resume_after_sigterm_reaches_the_uninterrupted_weights(tmp_path, monkeypatch, stop_at_step):
+    args = TINY_RUN + ['--epochs', '2', '--mixup', '0.2', '--drop-path', '0.1']
+    full = str(tmp_path / 'full')
+    assert train_script.main(args + ['--output', full]) == 0
+
+    resumed = str(tmp_path / 'resumed')
+    with monkeypatch.context() as m:
+        _interrupt_after(m, stop_at_step)
+        assert train_script.main(args + ['--output', resumed]) == 130
+    state = find_last_state(os.path.join(resumed, 'checkpoints'))
+    assert state is not None and not os.path.exists(os.path.join(resumed, 'summary.json'))
+    assert train_script.main(args + ['--output', resumed, '--resume']) == 0
+
+    a, b = _state_weights(full, 'epoch0002'), _state_weights(resumed, 'epoch0002')
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    metrics = [json.loads(line) for line in open(os.path.join(resumed, 'metrics.jsonl'))]
+    assert [r['epoch'] for r in metrics] == [1, 2]
+
+
+def test_resume_refuses_corrupt_or_mismatched_states_and_touches_nothing(tmp_path, capsys):
+    run = str(tmp_path / 'run')
+    assert train_script.main(TINY_RUN + ['--epochs', '1', '--output', run]) == 0
+    metrics_before = open(os.path.join(run, 'metrics.jsonl')).read()
+
+    # another architecture setting than the saved state's
+    mismatched = [a if a != 'topk=2' else 'topk=3' for a in TINY_RUN]
+    assert train_script.main(mismatched + ['--epochs', '2', '--output', run, '--resume']) == 2
+    assert 'different run configuration' in capsys.readouterr().err
+
+    state = os.path.join(run, 'checkpoints', 'epoch0001')
+    weights = os.path.join(state, 'model.safetensors')
+    data = open(weights, 'rb').read()
+    with open(weights, 'wb') as f:
+        f.write(data[:len(data) // 2])
+    assert train_script.main(TINY_RUN + ['--epochs', '2', '--output', run, '--resume']) == 2
+    err = capsys.readouterr().err
+    assert 'cannot load training state' in err and 'epoch0001' in err
+    assert open(os.path.join(run, 'metrics.jsonl')).read() == metrics_before
+    assert sorted(os.listdir(os.path.join(run, 'checkpoints'))) == ['epoch0001']
+
+
+def test_interrupted_save_leaves_the_previous_state_intact(tmp_path):
+    run = str(tmp_path / 'run')
+    assert train_script.main(TINY_RUN + ['--epochs', '1', '--output', run]) == 0
+    ckpt = os.path.join(run, 'checkpoints')
+    shutil.copytree(os.path.join(ckpt, 'epoch0001'), os.path.join(ckpt, 'epoch0002.tmp'))  # a save cut short
+    os.remove(os.path.join(ckpt, 'epoch0002.tmp', 'trainer_state.json'))
+    assert find_last_state(ckpt) == os.path.join(ckpt, 'epoch0001')
+
+
+def test_load_weights_errors_name_the_file_and_the_problem(tmp_path):
+    model = timm.create_model('recursive_dsa_moe_tiny', num_steps=2)
+    other = timm.create_model('recursive_sa_mlp_tiny', num_steps=2)
+    path = str(tmp_path / 'other.safetensors')
+    from safetensors.torch import save_file
+    save_file(other.state_dict(), path)
+    with pytest.raises(CheckpointError, match='other.safetensors does not match .*missing: .*unexpected: '):
+        load_weights(model, path)
+    save_file({k: v[..., :1].contiguous() if k == 'head.weight' else v for k, v in model.state_dict().items()}, path)
+    with pytest.raises(CheckpointError, match=r'shape mismatch: head.weight: checkpoint \(10, 1\)'):
+        load_weights(model, path)
+    with open(path, 'wb') as f:
+        f.write(b'\x00' * 10)
+    with pytest.raises(CheckpointError, match='corrupt or truncated'):
+        load_weights(model, path)
+    pickled = str(tmp_path / 'model.pth')
+    torch.save({'state_dict': model.state_dict(), 'optimizer': object()}, pickled)
+    with pytest.raises(CheckpointError, match='cannot be read as weights'):
+        load_weights(model, pickled)  # weights_only loading refuses arbitrary pickled objects
+
+
+def test_evaluate_reports_a_bad_checkpoint(tmp_path, capsys):
+    bad = tmp_path / 'broken.safetensors'
+    bad.write_bytes(b'not a checkpoint')
+    assert evaluate_script.main(['--model', 'recursive_dsa_moe_tiny', '--checkpoint', str(bad)]) == 2
+    assert 'broken.safetensors is corrupt' in capsys.readouterr().err
+
+
+def test_seeds_report_mean_and_std(tmp_path):
+    out = str(tmp_path / 'seeds')
+    assert train_script.main(TINY_RUN + ['--epochs', '1', '--output', out, '--seeds', '0', '1']) == 0
+    summary = json.load(open(os.path.join(out, 'seeds_summary.json')))
+    finals = [json.load(open(os.path.join(out, f'seed{s}', 'summary.json')))['final']['eval_top1'] for s in (0, 1)]
+    assert summary['final_top1'] == finals and summary['mean'] == pytest.approx(sum(finals) / 2)
+    assert len(summary['per_step_mean']) == 3
+
+
+def test_accelerate_launch_two_cpu_processes(tmp_path):
+    run = str(tmp_path / 'ddp')
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    cmd = [sys.executable, '-m', 'accelerate.commands.launch', '--num_processes', '2', '--cpu',
+           '--num_machines', '1', '--mixed_precision', 'no', '--dynamo_backend', 'no',
+           os.path.join(ROOT, 'train_scripts', 'train.py'), *TINY_RUN, '--epochs', '1', '--output', run]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads(open(os.path.join(run, 'metrics.jsonl')).readline())
+    # each process trains on half of every global batch; evaluation is gathered without duplicates
+    assert metrics['epoch'] == 1
+    single = evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-samples', '40',
+                                   '--json', str(tmp_path / 'e.json')])
+    assert single == 0
+    assert json.load(open(tmp_path / 'e.json'))['top1'] == json.load(
+        open(os.path.join(run, 'summary.json')))['best']['eval_top1_per_step']

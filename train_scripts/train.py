@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+"""Train or fine-tune any registered timm model on an image-classification dataset with Accelerate.
+
+    python train_scripts/train.py --model recursive_dsa_moe_tiny --dataset digits --output runs/digits
+    accelerate launch --num_processes 2 train_scripts/train.py --model ... --dataset fashion_mnist ...
+
+Datasets: anything ``timm_recursive.data.resolve_dataset`` understands (``digits``, Hub ids and
+aliases with an IDX fallback, local folders). Recursive models are trained with deep supervision: the
+loss is ``sum_t w_t CE(logits_t, y) + aux_loss_coef * moe_aux`` with step weights ``w_t`` summing to
+1 (``--step-weighting``: uniform, linear or last), and evaluated at every step.
+
+A run folder holds ``args.json``, ``metrics.jsonl`` (one JSON object per epoch), ``summary.json``,
+``checkpoints/`` (``Accelerator.save_state`` folders written atomically every epoch and on
+SIGINT/SIGTERM; ``--resume`` continues from the newest) and ``model/`` (the best weights as
+``model.safetensors`` + ``config.json``, loadable with ``timm.create_model('local-dir:...')``).
+"""
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import statistics
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader
+
+import timm
+from timm.data import Mixup
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3, ParseKwargs
+
+import timm_recursive  # noqa: F401  registers the models
+from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
+from timm_recursive.training import (
+    STEP_WEIGHTINGS, CheckpointError, SeededSamples, StepOutputs, collate_classification, deep_supervision_loss, evaluate_steps, export_model,
+    find_last_state, load_state_checked, save_state_atomic, step_weights, write_json_atomic)
+
+_logger = logging.getLogger('train')
+
+# the run configuration a resumed state must match (anything else, e.g. --epochs, may change)
+RESUME_KEYS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'dataset', 'batch_size', 'grad_accum_steps',
+               'opt', 'model_ema', 'seed')
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group('model')
+    g.add_argument('--model', default='recursive_dsa_moe_tiny', help='registered model name, optionally with a .tag')
+    g.add_argument('--pretrained', action='store_true', help='start from the pretrained weights of --model')
+    g.add_argument('--num-classes', type=int, default=None, help='classes (default: the dataset\'s)')
+    g.add_argument('--in-chans', type=int, default=None, help='input channels (default: the pretrained config\'s)')
+    g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs, help='e.g. num_steps=8 topk=6')
+    g.add_argument('--drop-path', type=float, default=None, help='stochastic depth rate')
+    g = p.add_argument_group('data')
+    g.add_argument('--dataset', default='digits', help='digits, a Hub id or alias, or a local folder')
+    g.add_argument('--image-column', default=None)
+    g.add_argument('--label-column', default=None)
+    g.add_argument('--train-split', default=None)
+    g.add_argument('--eval-split', default=None)
+    g.add_argument('--val-fraction', type=float, default=0.,
+                   help='hold out this fraction of the train split (stratified) to select the best model; '
+                        'with 0 the best model is selected on the eval split')
+    g.add_argument('--max-train-samples', type=int, default=None, help='use only the first N training images')
+    g.add_argument('--max-eval-samples', type=int, default=None, help='use only the first N eval images')
+    g.add_argument('--workers', type=int, default=0, help='data loader worker processes')
+    g.add_argument('--scale', type=float, nargs=2, default=(0.08, 1.0), help='RandomResizedCrop scale range')
+    g.add_argument('--ratio', type=float, nargs=2, default=(3. / 4., 4. / 3.), help='RandomResizedCrop aspect range')
+    g.add_argument('--hflip', type=float, default=0.5, help='horizontal flip probability')
+    g.add_argument('--no-aug', action='store_true', help='no training augmentation (eval transform)')
+    g = p.add_argument_group('optimisation')
+    g.add_argument('--epochs', type=int, default=20)
+    g.add_argument('--batch-size', type=int, default=128, help='per process, per accumulation step')
+    g.add_argument('--eval-batch-size', type=int, default=256)
+    g.add_argument('--grad-accum-steps', type=int, default=1)
+    g.add_argument('--opt', default='adamw')
+    g.add_argument('--lr', type=float, default=1e-3)
+    g.add_argument('--weight-decay', type=float, default=0.05)
+    g.add_argument('--clip-grad', type=float, default=None, help='clip the gradient norm to this value')
+    g.add_argument('--sched', default='cosine')
+    g.add_argument('--warmup-epochs', type=int, default=1)
+    g.add_argument('--warmup-lr', type=float, default=1e-5)
+    g.add_argument('--min-lr', type=float, default=1e-5)
+    g.add_argument('--label-smoothing', type=float, default=0.1)
+    g.add_argument('--mixup', type=float, default=0., help='Mixup alpha (0: off)')
+    g.add_argument('--cutmix', type=float, default=0., help='CutMix alpha (0: off)')
+    g.add_argument('--mixup-prob', type=float, default=1.0)
+    g.add_argument('--model-ema', action='store_true', help='keep an EMA of the weights (timm ModelEmaV3); '
+                   'it is evaluated and exported instead of the raw weights')
+    g.add_argument('--model-ema-decay', type=float, default=0.999)
+    g.add_argument('--step-weighting', default='uniform', choices=STEP_WEIGHTINGS,
+                   help='weights of the per-step losses (recursive models)')
+    g.add_argument('--aux-loss-coef', type=float, default=0.01, help='coefficient of the MoE auxiliary loss')
+    g.add_argument('--mixed-precision', default='no', choices=('no', 'bf16', 'fp16'))
+    g = p.add_argument_group('run')
+    g.add_argument('--seeds', type=int, nargs='+', default=[0], help='one run per seed; mean and std reported')
+    g.add_argument('--output', default='runs/train', help='run folder (one sub-folder per seed when several)')
+    g.add_argument('--resume', nargs='?', const='auto', default=None,
+                   help='continue from the newest state in the run folder, or from the given state folder')
+    g.add_argument('--keep-states', type=int, default=2, help='training states kept in checkpoints/')
+    g.add_argument('--no-progress', action='store_true', help='no progress bars')
+    args = p.parse_args(argv)
+    if args.val_fraction < 0 or args.val_fraction >= 1:
+        p.error(f'--val-fraction must be in [0, 1), got {args.val_fraction}')
+    if args.resume not in (None, 'auto') and len(args.seeds) > 1:
+        p.error('--resume PATH resumes one run; use --resume (auto) with several --seeds')
+    return args
+
+
+class StopRequest:
+    """Turns SIGINT/SIGTERM into a flag the loop checks, so the state is saved before exiting."""
+
+    def __init__(self):
+        self.signal = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signal is not None:  # a second signal: stop at once
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signal).name if self.signal is not None else 'a signal to another process'
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def stop_requested(stop: StopRequest, accelerator) -> bool:
+    """Whether any process was signalled (all processes must stop at the same step)."""
+    if accelerator.num_processes == 1:
+        return stop.signal is not None
+    flag = torch.tensor([float(stop.signal is not None)], device=accelerator.device)
+    return bool(accelerator.reduce(flag, reduction='sum').item() > 0)
+
+
+def step_seed(seed: int, epoch: int, step: int) -> int:
+    return (seed * 1_000_003 + epoch * 100_003 + step) % (2 ** 32)
+
+
+def create_model(args, num_classes: int):
+    """The model of ``--model``; its channels default to its pretrained config's (1 for the mnist tags)."""
+    if not timm.is_model(args.model.split('.')[0]):
+        raise DatasetError(f'unknown model {args.model!r}; list them with timm.list_models()')
+    kwargs = dict(args.model_kwargs)
+    if args.drop_path is not None:
+        kwargs['drop_path_rate'] = args.drop_path
+    cfg = timm.models.get_pretrained_cfg(args.model)
+    in_chans = args.in_chans or (cfg.input_size[0] if cfg is not None and cfg.input_size else 3)
+    model = timm.create_model(args.model, pretrained=args.pretrained, num_classes=num_classes, in_chans=in_chans,
+                              **kwargs)
+    return model, in_chans
+
+
+def load_splits(args):
+    splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
+                             train_split=args.train_split, eval_split=args.eval_split, num_classes=args.num_classes)
+    selection = None
+    if args.val_fraction > 0:
+        stratify = splits.label_column if hasattr(splits.train.features[splits.label_column], 'names') else None
+        parts = splits.train.train_test_split(test_size=args.val_fraction, seed=0, stratify_by_column=stratify)
+        splits.train, selection = parts['train'], parts['test']
+    if args.max_train_samples:
+        splits.train = splits.train.select(range(min(args.max_train_samples, len(splits.train))))
+    if args.max_eval_samples:
+        splits.eval = splits.eval.select(range(min(args.max_eval_samples, len(splits.eval))))
+    return splits, selection
+
+
+def format_summary(rows, num_steps: int) -> str:
+    """Table of per-step top-1 accuracy, one row per (name, result)."""
+    shown = list(range(num_steps)) if num_steps <= 16 else list(range(0, num_steps, max(1, num_steps // 8))) + [num_steps - 1]
+    head = f'{"":<16}' + ''.join(f'{"t=" + str(t + 1):>8}' for t in shown)
+    lines = [head]
+    for name, top1 in rows:
+        lines.append(f'{name:<16}' + ''.join(f'{top1[t]:>8.2f}' for t in shown))
+    return '\n'.join(lines)
+
+
+def train_one_seed(args, seed: int, run_dir: str) -> dict:
+    from accelerate import Accelerator, DistributedDataParallelKwargs
+    from accelerate.utils import set_seed
+
+    accelerator = Accelerator(
+        mixed_precision=args.mixed_precision, gradient_accumulation_steps=args.grad_accum_steps,
+        # experts that receive no token in a batch get no gradient: DDP must tolerate unused parameters
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    main = accelerator.is_main_process
+    log = _logger.info if main else _logger.debug
+    ckpt_dir = os.path.join(run_dir, 'checkpoints')
+    run_config = {k: getattr(args, k) for k in vars(args)} | {'seed': seed}
+    run_config['model_kwargs'] = dict(args.model_kwargs)
+
+    resume_from = None
+    if args.resume == 'auto':
+        resume_from = find_last_state(ckpt_dir)
+        if resume_from is None:
+            log(f'--resume: no saved state in {ckpt_dir}, starting from scratch')
+    elif args.resume:
+        resume_from = args.resume
+        if not os.path.isdir(resume_from):
+            raise CheckpointError(f'--resume {resume_from}: no such state folder')
+
+    set_seed(seed)
+    splits, selection = load_splits(args)
+    for note in splits.notes:
+        log(note)
+    num_classes = splits.num_classes
+    run_config['num_classes'] = num_classes
+    model, run_config['in_chans'] = create_model(args, num_classes)
+    train_tf = create_dataset_transform(model, splits, is_training=not args.no_aug, **(
+        {} if args.no_aug else dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip)))
+    eval_tf = create_dataset_transform(model, splits, is_training=False)
+    train_ds = SeededSamples(splits.train.with_transform(train_tf), seed)
+    eval_ds = splits.eval.with_transform(eval_tf)
+    select_ds = selection.with_transform(eval_tf) if selection is not None else None
+    loader_kw = dict(collate_fn=collate_classification, num_workers=args.workers, )  # workers see set_epoch
+    shuffle_generator = torch.Generator()
+    train_loader = DataLoader(
+        train_ds, batch_size=args.batch_size, shuffle=True, generator=shuffle_generator,
+        drop_last=len(train_ds) >= args.batch_size * accelerator.num_processes, **loader_kw)
+    eval_loader = DataLoader(eval_ds, batch_size=args.eval_batch_size, **loader_kw)
+    select_loader = DataLoader(select_ds, batch_size=args.eval_batch_size, **loader_kw) if select_ds is not None else None
+
+    net = StepOutputs(model)
+    optimizer = create_optimizer_v2(model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay)
+    net, optimizer, train_loader, eval_loader = accelerator.prepare(net, optimizer, train_loader, eval_loader)
+    if select_loader is not None:
+        select_loader = accelerator.prepare(select_loader)
+    updates_per_epoch = max(1, len(train_loader) // args.grad_accum_steps)
+    scheduler, _ = create_scheduler_v2(
+        optimizer, sched=args.sched, num_epochs=args.epochs, warmup_epochs=args.warmup_epochs,
+        warmup_lr=args.warmup_lr, min_lr=args.min_lr, step_on_epochs=False, updates_per_epoch=updates_per_epoch)
+    ema = None
+    if args.model_ema:
+        ema = ModelEmaV3(accelerator.unwrap_model(net).model, decay=args.model_ema_decay)
+        accelerator.register_for_checkpointing(ema)
+    ema_net = StepOutputs(ema.module) if ema is not None else None
+
+    mixup = None
+    if args.mixup > 0 or args.cutmix > 0:
+        mixup = Mixup(mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, prob=args.mixup_prob,
+                      label_smoothing=args.label_smoothing, num_classes=num_classes)
+    num_steps = accelerator.unwrap_model(net).num_steps
+    weights = step_weights(num_steps, args.step_weighting)
+
+    start_epoch, start_step, best, history = 0, 0, None, []
+    metrics_path = os.path.join(run_dir, 'metrics.jsonl')
+    if resume_from is not None:
+        state = load_state_checked(accelerator, resume_from, run_config, RESUME_KEYS)
+        start_epoch, start_step = state['epoch'], state.get('step_in_epoch', 0)
+        best, history = state.get('best'), state.get('history', [])
+        log(f'resumed from {resume_from}: epoch {start_epoch}, step {start_step} of it')
+    if main:
+        os.makedirs(run_dir, exist_ok=True)
+        write_json_atomic(os.path.join(run_dir, 'args.json'), run_config)
+        # the metrics file mirrors the resumed state: epochs logged after it are dropped
+        with open(metrics_path + '.tmp', 'w') as f:
+            f.writelines(json.dumps(h) + '\n' for h in history)
+        os.replace(metrics_path + '.tmp', metrics_path)
+
+    def state_for(epoch: int, step_in_epoch: int) -> dict:
+        return {'epoch': epoch, 'step_in_epoch': step_in_epoch, 'best': best, 'history': history,
+                'run_config': run_config}
+
+    def save(epoch: int, step_in_epoch: int) -> str:
+        path = os.path.join(ckpt_dir, f'epoch{epoch:04d}' + (f'_step{step_in_epoch:06d}' if step_in_epoch else ''))
+        save_state_atomic(accelerator, path, state_for(epoch, step_in_epoch))
+        if main:  # keep the newest states only
+            states = sorted((d for d in os.listdir(ckpt_dir) if not d.endswith(('.tmp', '.old'))), reverse=True)
+            for stale in states[args.keep_states:]:
+                shutil.rmtree(os.path.join(ckpt_dir, stale), ignore_errors=True)
+        return path
+
+    export_dir = os.path.join(run_dir, 'model')
+    run_start = time.perf_counter()
+    label_names = splits.class_names if splits.class_names and len(splits.class_names) == num_classes else None
+    with StopRequest() as stop:
+        for epoch in range(start_epoch, args.epochs):
+            # The shuffle order depends only on (seed, epoch), a sample's augmentation on (seed, epoch,
+            # index) and a step's Mixup and dropout on (seed, epoch, step): a resumed run repeats an
+            # uninterrupted one exactly.
+            shuffle_generator.manual_seed(seed * 100003 + epoch)
+            net.train()
+            loader = train_loader
+            if start_step and epoch == start_epoch:
+                loader = accelerator.skip_first_batches(train_loader, start_step)
+            loader.set_epoch(epoch)  # reaches SeededSamples; the loader would otherwise count its own epochs
+            num_updates = epoch * updates_per_epoch + start_step // args.grad_accum_steps
+            epoch_start, seen, loss_sum, ce_sum, aux_sum, batches = time.perf_counter(), 0, 0., 0., 0., 0
+            from tqdm.auto import tqdm
+            step_in_epoch = start_step if epoch == start_epoch else 0
+            bar = tqdm(loader, desc=f'epoch {epoch + 1}/{args.epochs}', disable=not main or args.no_progress,
+                       initial=step_in_epoch, total=len(train_loader), leave=False)
+            stopping = False
+            for batch in bar:
+                set_seed(step_seed(seed, epoch, step_in_epoch))
+                x, target = batch['pixel_values'], batch['label']
+                if mixup is not None:
+                    x, target = mixup(x, target)
+                with accelerator.accumulate(net):
+                    step_logits, aux = net(x)
+                    ce = deep_supervision_loss(step_logits, target, weights,
+                                               label_smoothing=0. if mixup is not None else args.label_smoothing)
+                    loss = ce + args.aux_loss_coef * aux.float()
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(f'loss is {loss.item()} at epoch {epoch + 1}, step {step_in_epoch}')
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and args.clip_grad:
+                        accelerator.clip_grad_norm_(net.parameters(), args.clip_grad)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                if accelerator.sync_gradients:
+                    num_updates += 1
+                    scheduler.step_update(num_updates)
+                    if ema is not None:
+                        ema.update(accelerator.unwrap_model(net).model, step=num_updates)
+                step_in_epoch += 1
+                seen += x.shape[0] * accelerator.num_processes
+                batches += 1
+                loss_sum, ce_sum, aux_sum = loss_sum + loss.item(), ce_sum + ce.item(), aux_sum + aux.item()
+                bar.set_postfix(loss=f'{loss_sum / batches:.4f}', img_s=f'{seen / (time.perf_counter() - epoch_start):.0f}')
+                if accelerator.sync_gradients and stop_requested(stop, accelerator):
+                    stopping = True
+                    break
+            bar.close()
+            if stopping and step_in_epoch < len(train_loader):
+                path = save(epoch, step_in_epoch)
+                log(f'stopped by {stop.name}: state saved to {path}; continue with --resume')
+                return {'interrupted': True, 'state': path}
+            start_step = 0
+            train_time = time.perf_counter() - epoch_start
+            scheduler.step(epoch + 1)
+
+            eval_net = ema_net if ema_net is not None else net
+            result = evaluate_steps(eval_net, eval_loader, accelerator, progress=not args.no_progress)
+            selected = evaluate_steps(eval_net, select_loader, accelerator) if select_loader is not None else result
+            record = {
+                'epoch': epoch + 1,
+                'train_loss': loss_sum / max(1, batches), 'train_ce': ce_sum / max(1, batches),
+                'train_aux': aux_sum / max(1, batches), 'lr': optimizer.param_groups[0]['lr'],
+                'train_images_per_s': seen / train_time,
+                'eval_loss': result['loss'], 'eval_top1': result['top1'][-1], 'eval_top5': result['top5'][-1],
+                'eval_top1_per_step': result['top1'], 'eval_top5_per_step': result['top5'],
+                'eval_images_per_s': result['images_per_s'],
+                'selection_top1': selected['top1'][-1],
+                'wall_time_s': (history[-1]['wall_time_s'] if history else 0.) + time.perf_counter() - epoch_start,
+            }
+            history.append(record)
+            is_best = best is None or record['selection_top1'] > best['selection_top1']
+            if is_best:
+                best = {k: record[k] for k in ('epoch', 'selection_top1', 'eval_top1', 'eval_top1_per_step')}
+                if main:
+                    export_model(ema.module if ema is not None else accelerator.unwrap_model(net).model, export_dir,
+                                 label_names=label_names)
+            if main:
+                with open(metrics_path, 'a') as f:
+                    f.write(json.dumps(record) + '\n')
+                    f.flush()
+                    os.fsync(f.fileno())
+                log(f'epoch {epoch + 1}: train loss {record["train_loss"]:.4f}, eval top-1 {record["eval_top1"]:.2f}% '
+                    f'(step 1: {result["top1"][0]:.2f}%), top-5 {record["eval_top5"]:.2f}%, '
+                    f'{record["train_images_per_s"]:.0f} img/s' + (' *best*' if is_best else ''))
+            save(epoch + 1, 0)
+            if stopping or stop_requested(stop, accelerator):
+                log(f'stopped by {stop.name} after epoch {epoch + 1}; continue with --resume')
+                return {'interrupted': True, 'state': find_last_state(ckpt_dir)}
+
+    final = history[-1] if history else None
+    summary = {
+        'model': args.model, 'model_kwargs': dict(args.model_kwargs), 'dataset': args.dataset, 'seed': seed,
+        'dataset_source': splits.source, 'num_classes': num_classes, 'num_steps': num_steps,
+        'epochs': args.epochs, 'final': final, 'best': best, 'export_dir': export_dir,
+        'selection': 'held-out train fraction' if select_loader is not None else 'eval split',
+        'wall_time_s': final['wall_time_s'] if final else 0., 'this_session_s': time.perf_counter() - run_start,
+    }
+    if main:
+        write_json_atomic(os.path.join(run_dir, 'summary.json'), summary)
+    accelerator.end_training()
+    return summary
+
+
+def report(summaries, num_steps: int) -> str:
+    rows = [(f'seed {s["seed"]} final', s['final']['eval_top1_per_step']) for s in summaries]
+    text = ['Eval top-1 (%) per recursion step, last epoch:', format_summary(rows, num_steps)]
+    finals = [s['final']['eval_top1'] for s in summaries]
+    if len(finals) > 1:
+        text.append(f'final-step top-1 over {len(finals)} seeds: mean {statistics.mean(finals):.2f}%, '
+                    f'std {statistics.stdev(finals):.2f}%')
+    for s in summaries:
+        f = s['final']
+        text.append(f'seed {s["seed"]}: top-1 {f["eval_top1"]:.2f}%, top-5 {f["eval_top5"]:.2f}%, '
+                    f'{f["train_images_per_s"]:.0f} train img/s, {f["eval_images_per_s"]:.0f} eval img/s, '
+                    f'{s["wall_time_s"] / 60:.1f} min; best epoch {s["best"]["epoch"]} (selected on '
+                    f'{s["selection"]}) exported to {s["export_dir"]}')
+    return '\n'.join(text)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format='%(message)s')
+    logging.getLogger('accelerate').setLevel(logging.WARNING)  # it logs every file of every saved state
+    summaries = []
+    try:
+        for seed in args.seeds:
+            run_dir = args.output if len(args.seeds) == 1 else os.path.join(args.output, f'seed{seed}')
+            summary = train_one_seed(args, seed, run_dir)
+            if summary.get('interrupted'):
+                return 130
+            summaries.append(summary)
+    except (DatasetError, CheckpointError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    from accelerate import PartialState
+    if PartialState().is_main_process and summaries and summaries[0]['final'] is not None:
+        print(report(summaries, summaries[0]['num_steps']))
+        if len(summaries) > 1:
+            finals = [s['final']['eval_top1'] for s in summaries]
+            per_step = [list(v) for v in zip(*(s['final']['eval_top1_per_step'] for s in summaries))]
+            write_json_atomic(os.path.join(args.output, 'seeds_summary.json'), {
+                'seeds': args.seeds, 'final_top1': finals, 'mean': statistics.mean(finals),
+                'std': statistics.stdev(finals),
+                'per_step_mean': [statistics.mean(v) for v in per_step],
+                'per_step_std': [statistics.stdev(v) for v in per_step],
+            })
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
