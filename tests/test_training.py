@@ -87,8 +87,8 @@ def test_train_writes_metrics_summary_and_a_loadable_export(tmp_path):
     assert train_script.main(TINY_RUN + ['--epochs', '2', '--output', run]) == 0
     lines = [json.loads(line) for line in open(os.path.join(run, 'metrics.jsonl'))]
     assert [r['epoch'] for r in lines] == [1, 2]
-    for key in ('train_loss', 'train_ce', 'train_aux', 'eval_top1_per_step', 'eval_top5_per_step',
-                'train_images_per_s', 'eval_images_per_s', 'wall_time_s', 'lr'):
+    for key in ('train_loss', 'train_ce', 'train_aux', 'grad_norm_mean', 'grad_norm_max', 'eval_top1_per_step',
+                'eval_top5_per_step', 'train_images_per_s', 'eval_images_per_s', 'wall_time_s', 'lr'):
         assert key in lines[-1], key
     assert len(lines[-1]['eval_top1_per_step']) == 3
     summary = json.load(open(os.path.join(run, 'summary.json')))
@@ -215,8 +215,10 @@ def test_seeds_report_mean_and_std(tmp_path):
 
 def test_accelerate_launch_two_cpu_processes(tmp_path):
     run = str(tmp_path / 'ddp')
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    cmd = [sys.executable, '-m', 'accelerate.commands.launch', '--num_processes', '2', '--cpu',
+    # accelerate 1.x starts one process for `--cpu --num_processes 2` unless MPI is set up; torchrun
+    # processes (--multi_gpu) with ACCELERATE_USE_CPU=1 give multi-CPU DDP with the gloo backend
+    env = dict(os.environ, OMP_NUM_THREADS='1', ACCELERATE_USE_CPU='1')
+    cmd = [sys.executable, '-m', 'accelerate.commands.launch', '--multi_gpu', '--num_processes', '2',
            '--num_machines', '1', '--mixed_precision', 'no', '--dynamo_backend', 'no',
            os.path.join(ROOT, 'train_scripts', 'train.py'), *TINY_RUN, '--epochs', '1', '--output', run]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -224,6 +226,7 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
     metrics = json.loads(open(os.path.join(run, 'metrics.jsonl')).readline())
     # each process trains on half of every global batch; evaluation is gathered without duplicates
     assert metrics['epoch'] == 1
+    assert json.load(open(os.path.join(run, 'summary.json')))['num_processes'] == 2
     single = evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-samples', '40',
                                    '--json', str(tmp_path / 'e.json')])
     assert single == 0

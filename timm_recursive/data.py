@@ -16,6 +16,7 @@
 pretrained config and adapts every image to the model's channels (grayscale or RGB) and size.
 """
 import gzip
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -287,7 +288,14 @@ def create_dataset_transform(
     """
     from timm.data import create_transform, resolve_data_config
 
-    config = resolve_data_config(model=model)
+    # timm warns when the pretrained mean/std has 3 values and the model 1 channel: handled below
+    config_logger = logging.getLogger('timm.data.config')
+    level = config_logger.level
+    config_logger.setLevel(logging.ERROR)
+    try:
+        config = resolve_data_config(model=model)
+    finally:
+        config_logger.setLevel(level)
     # the pretrained config's channels may differ from the instance's (e.g. created with in_chans=1)
     in_chans = _model_in_chans(model, config['input_size'][0])
     config['input_size'] = (in_chans, *config['input_size'][1:])

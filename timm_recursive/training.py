@@ -17,7 +17,7 @@ import os
 import random
 import shutil
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -61,14 +61,17 @@ class StepOutputs(nn.Module):
 
 
 class SeededSamples(torch.utils.data.Dataset):
-    """A dataset whose sample ``i`` is drawn (augmented) with random numbers seeded by (seed, epoch, i).
+    """``transform`` applied to each sample of ``dataset`` with random numbers seeded by (seed, epoch, index).
 
     A sample's augmentation then depends neither on the order of loading (prefetching, skipped
-    batches of a resumed epoch) nor on the process or worker that loads it.
+    batches of a resumed epoch) nor on the process or worker that loads it. ``transform`` is a
+    ``Dataset.with_transform`` function (a batch dict in, a batch dict out); rows are read from
+    ``dataset`` in batches (``__getitems__``), which is much faster than row by row.
     """
 
-    def __init__(self, dataset, seed: int):
+    def __init__(self, dataset, transform: Callable[[dict], dict], seed: int):
         self.dataset = dataset
+        self.transform = transform
         self.seed = seed
         self.epoch = 0
 
@@ -78,11 +81,18 @@ class SeededSamples(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int):
+    def _transform_one(self, index: int, row: dict) -> dict:
         sample_seed = (self.seed * 1_000_003 + self.epoch * 100_003 + int(index)) % (2 ** 32)
-        random.seed(sample_seed)  # timm's crops draw from python's random, torchvision's from torch
-        torch.manual_seed(sample_seed)
-        return self.dataset[index]
+        random.seed(sample_seed)  # timm's crops draw from python's random, torchvision's flips from torch
+        torch.default_generator.manual_seed(sample_seed)
+        return {k: v[0] for k, v in self.transform({k: [v] for k, v in row.items()}).items()}
+
+    def __getitems__(self, indices: List[int]) -> List[dict]:
+        rows = self.dataset[list(indices)]
+        return [self._transform_one(i, {k: v[j] for k, v in rows.items()}) for j, i in enumerate(indices)]
+
+    def __getitem__(self, index: int) -> dict:
+        return self.__getitems__([index])[0]
 
 
 def step_weights(num_steps: int, weighting: str = 'uniform') -> torch.Tensor:
