@@ -232,3 +232,27 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
     assert single == 0
     assert json.load(open(tmp_path / 'e.json'))['top1'] == json.load(
         open(os.path.join(run, 'summary.json')))['best']['eval_top1_per_step']
+
+
+def test_bf16_autocast_and_model_ema(tmp_path):
+    # a separate process: Accelerate's state (mixed precision included) is fixed once per process
+    run = str(tmp_path / 'bf16')
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, 'train_scripts', 'train.py'), *TINY_RUN, '--epochs', '1',
+                           '--mixed-precision', 'bf16', '--model-ema', '--output', run],
+                          env=dict(os.environ, OMP_NUM_THREADS='1'), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.load(open(os.path.join(run, 'summary.json')))
+    assert summary['mixed_precision'] == 'bf16'
+    assert any(f.startswith('custom_checkpoint') for f in os.listdir(os.path.join(run, 'checkpoints', 'epoch0001')))
+    # the exported (EMA) weights reproduce the recorded accuracy in float32
+    out = str(tmp_path / 'e.json')
+    assert evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-samples', '40', '--json', out]) == 0
+    assert json.load(open(out))['top1'] == summary['best']['eval_top1_per_step']
+
+
+def test_unavailable_pretrained_weights_give_a_clear_error(capsys):
+    # tests run with HF_HUB_OFFLINE=1 and an empty cache: nothing can be fetched
+    assert evaluate_script.main(['--model', 'recursive_dsa_moe_tiny.fashion_mnist', '--pretrained']) == 2
+    err = capsys.readouterr().err
+    assert 'cannot load the pretrained weights of recursive_dsa_moe_tiny.fashion_mnist' in err
+    assert 'timm-recursive/recursive_dsa_moe_tiny.fashion_mnist' in err

@@ -27,7 +27,7 @@ __all__ = [
     'STEP_WEIGHTINGS', 'CheckpointError', 'StepOutputs', 'step_weights', 'deep_supervision_loss',
     'evaluate_steps', 'save_state_atomic', 'load_state_checked', 'find_last_state', 'export_model',
     'write_json_atomic', 'load_weights', 'create_model_from_checkpoint', 'collate_classification',
-    'SeededSamples',
+    'SeededSamples', 'create_classifier',
 ]
 
 STEP_WEIGHTINGS = ('uniform', 'linear', 'last')
@@ -363,3 +363,28 @@ def create_model_from_checkpoint(checkpoint: str, model_name: Optional[str] = No
     if model_name is None:
         raise CheckpointError(f'{checkpoint} does not say which architecture it holds: pass the model name')
     return load_weights(timm.create_model(model_name, **kwargs), weights)
+
+
+def create_classifier(model_name: str, num_classes: int, pretrained: bool = False, in_chans: Optional[int] = None,
+                      **kwargs) -> nn.Module:
+    """``timm.create_model`` for a classification dataset, with clear errors.
+
+    ``in_chans`` defaults to the pretrained config's channels (1 for the ``.mnist`` /
+    ``.fashion_mnist`` tags). An unknown name, or pretrained weights that cannot be fetched (offline,
+    missing on the Hub) or loaded, raise ``CheckpointError`` naming the model and the cause.
+    """
+    import timm
+    if not timm.is_model(model_name.split('.')[0]) and not model_name.startswith(('hf-hub:', 'local-dir:')):
+        raise CheckpointError(f'unknown model {model_name!r} (is timm_recursive imported? see timm.list_models())')
+    cfg = timm.models.get_pretrained_cfg(model_name)
+    if in_chans is None:
+        in_chans = cfg.input_size[0] if cfg is not None and cfg.input_size else 3
+    try:
+        return timm.create_model(model_name, pretrained=pretrained, num_classes=num_classes, in_chans=in_chans,
+                                 **kwargs)
+    except (OSError, RuntimeError) as e:  # hub errors are OSErrors; mismatched weights RuntimeErrors
+        if not pretrained:
+            raise
+        source = getattr(cfg, 'hf_hub_id', None) or getattr(cfg, 'url', None) or model_name
+        raise CheckpointError(f'cannot load the pretrained weights of {model_name} from {source}: '
+                              f'{type(e).__name__}: {str(e).splitlines()[0]}') from e

@@ -11,19 +11,17 @@ folder, a training state folder, or a weights file (then ``--model`` names the a
 trained with: its weights do not depend on the number of steps.
 """
 import argparse
-import json
 import sys
 
 import torch
 from torch.utils.data import DataLoader
 
-import timm
 from timm.utils import ParseKwargs
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
 from timm_recursive.training import (
-    CheckpointError, StepOutputs, collate_classification, create_model_from_checkpoint, evaluate_steps, write_json_atomic)
+    CheckpointError, StepOutputs, collate_classification, create_classifier, create_model_from_checkpoint, evaluate_steps, write_json_atomic)
 
 
 def parse_args(argv=None):
@@ -50,10 +48,7 @@ def parse_args(argv=None):
 def load_model(args, num_classes: int):
     if args.checkpoint:
         return create_model_from_checkpoint(args.checkpoint, args.model, **args.model_kwargs)
-    cfg = timm.models.get_pretrained_cfg(args.model)
-    in_chans = cfg.input_size[0] if cfg is not None and cfg.input_size else 3
-    return timm.create_model(args.model, pretrained=args.pretrained, num_classes=num_classes, in_chans=in_chans,
-                             **args.model_kwargs)
+    return create_classifier(args.model, num_classes, pretrained=args.pretrained, **args.model_kwargs)
 
 
 def format_results(result: dict) -> str:

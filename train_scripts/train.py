@@ -27,8 +27,6 @@ import time
 
 import torch
 from torch.utils.data import DataLoader
-
-import timm
 from timm.data import Mixup
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
@@ -37,7 +35,7 @@ from timm.utils import ModelEmaV3, ParseKwargs
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
 from timm_recursive.training import (
-    STEP_WEIGHTINGS, CheckpointError, SeededSamples, StepOutputs, collate_classification, deep_supervision_loss, evaluate_steps, export_model,
+    STEP_WEIGHTINGS, CheckpointError, SeededSamples, StepOutputs, collate_classification, create_classifier, deep_supervision_loss, evaluate_steps, export_model,
     find_last_state, load_state_checked, save_state_atomic, step_weights, write_json_atomic)
 
 _logger = logging.getLogger('train')
@@ -152,17 +150,12 @@ def step_seed(seed: int, epoch: int, step: int) -> int:
 
 
 def create_model(args, num_classes: int):
-    """The model of ``--model``; its channels default to its pretrained config's (1 for the mnist tags)."""
-    if not timm.is_model(args.model.split('.')[0]):
-        raise DatasetError(f'unknown model {args.model!r}; list them with timm.list_models()')
+    """The model of ``--model`` and its input channels (default: its pretrained config's)."""
     kwargs = dict(args.model_kwargs)
     if args.drop_path is not None:
         kwargs['drop_path_rate'] = args.drop_path
-    cfg = timm.models.get_pretrained_cfg(args.model)
-    in_chans = args.in_chans or (cfg.input_size[0] if cfg is not None and cfg.input_size else 3)
-    model = timm.create_model(args.model, pretrained=args.pretrained, num_classes=num_classes, in_chans=in_chans,
-                              **kwargs)
-    return model, in_chans
+    model = create_classifier(args.model, num_classes, pretrained=args.pretrained, in_chans=args.in_chans, **kwargs)
+    return model, int(model.pretrained_cfg.get('input_size', (3,))[0]) if args.in_chans is None else args.in_chans
 
 
 def load_splits(args):

@@ -16,9 +16,8 @@ allocated), following the source's analysis:
 """
 from typing import Dict, List, Optional, Tuple
 
-import torch
 from torch import nn
-from timm.layers import Attention, Mlp
+from timm.layers import Attention
 
 from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts, sparse_attention_sparsity
 from timm_recursive.models import RecursiveBlock, RecursiveClassifier
