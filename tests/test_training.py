@@ -1,5 +1,4 @@
 """Training pipeline: deep supervision, per-step evaluation, atomic states, exact resume, export, errors."""
-import importlib.util
 import json
 import os
 import shutil
@@ -18,23 +17,10 @@ from timm_recursive.training import (
     CheckpointError, StepOutputs, create_model_from_checkpoint, deep_supervision_loss, evaluate_steps,
     find_last_state, load_weights, step_weights)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT, TINY_RUN, load_script
 
-
-def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, 'train_scripts', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train_script = _load_script('train')
-evaluate_script = _load_script('evaluate')
-
-# a few seconds per run: 64 digits, 2 recursion steps, batch 16
-TINY_RUN = ['--model', 'recursive_dsa_moe_tiny', '--dataset', 'digits', '--model-kwargs', 'num_steps=3', 'topk=2',
-            '--max-train-samples', '64', '--max-eval-samples', '40', '--batch-size', '16', '--eval-batch-size', '16',
-            '--scale', '0.8', '1', '--hflip', '0', '--no-progress', '--warmup-epochs', '1']
+train_script = load_script('train')
+evaluate_script = load_script('evaluate')
 
 
 def _state_weights(run_dir, name):

@@ -262,8 +262,10 @@ def load_state_checked(accelerator, directory: str, run_config: Dict, keys: Sequ
 
 
 def export_model(model: nn.Module, directory: str, label_names: Optional[List[str]] = None,
-                 model_args: Optional[dict] = None) -> str:
+                 model_args: Optional[dict] = None, pretrained_cfg: Optional[dict] = None) -> str:
     """Write ``model.safetensors`` and timm's ``config.json`` to ``directory`` atomically.
+
+    ``pretrained_cfg`` entries (e.g. ``tag``) override those of the model's pretrained config.
 
     The folder loads with ``timm.create_model('local-dir:<directory>')`` (after ``import
     timm_recursive``) and is laid out as a Hugging Face Hub model repository.
@@ -272,7 +274,9 @@ def export_model(model: nn.Module, directory: str, label_names: Optional[List[st
 
     tmp = f'{directory}.tmp'
     shutil.rmtree(tmp, ignore_errors=True)
-    model_config = {'label_names': list(label_names)} if label_names else None
+    model_config = {'label_names': list(label_names)} if label_names else {}
+    if pretrained_cfg:
+        model_config['pretrained_cfg'] = dict(pretrained_cfg)
     save_for_hf(model, tmp, model_config=model_config, model_args=model_args, safe_serialization=True)
     old = f'{directory}.old'
     if os.path.exists(directory):

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -145,6 +146,15 @@ def stop_requested(stop: StopRequest, accelerator) -> bool:
     return bool(accelerator.reduce(flag, reduction='sum').item() > 0)
 
 
+def describe_hardware(accelerator) -> str:
+    if accelerator.device.type == 'cuda':
+        name = torch.cuda.get_device_name(accelerator.device)
+    else:
+        threads = torch.get_num_threads()
+        name = f'CPU, {threads} thread' + ('s' if threads > 1 else '')
+    return f'{accelerator.num_processes} x {name}' if accelerator.num_processes > 1 else name
+
+
 def step_seed(seed: int, epoch: int, step: int) -> int:
     return (seed * 1_000_003 + epoch * 100_003 + step) % (2 ** 32)
 
@@ -183,7 +193,7 @@ def format_summary(rows, num_steps: int) -> str:
     return '\n'.join(lines)
 
 
-def train_one_seed(args, seed: int, run_dir: str) -> dict:
+def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     from accelerate import Accelerator, DistributedDataParallelKwargs
     from accelerate.utils import set_seed
 
@@ -196,6 +206,7 @@ def train_one_seed(args, seed: int, run_dir: str) -> dict:
     ckpt_dir = os.path.join(run_dir, 'checkpoints')
     run_config = {k: getattr(args, k) for k in vars(args)} | {'seed': seed}
     run_config['model_kwargs'] = dict(args.model_kwargs)
+    run_config['command'] = shlex.join(['python', 'train_scripts/train.py', *(sys.argv[1:] if argv is None else argv)])
 
     resume_from = None
     if args.resume == 'auto':
@@ -381,6 +392,8 @@ def train_one_seed(args, seed: int, run_dir: str) -> dict:
     summary = {
         'model': args.model, 'model_kwargs': dict(args.model_kwargs), 'dataset': args.dataset, 'seed': seed,
         'num_processes': accelerator.num_processes, 'mixed_precision': args.mixed_precision,
+        'command': run_config['command'], 'hardware': describe_hardware(accelerator),
+        'train_images': len(train_ds), 'eval_images': len(eval_ds), 'class_names': label_names,
         'dataset_source': splits.source, 'num_classes': num_classes, 'num_steps': num_steps,
         'epochs': args.epochs, 'final': final, 'best': best, 'export_dir': export_dir,
         'selection': 'held-out train fraction' if select_loader is not None else 'eval split',
@@ -416,7 +429,7 @@ def main(argv=None) -> int:
     try:
         for seed in args.seeds:
             run_dir = args.output if len(args.seeds) == 1 else os.path.join(args.output, f'seed{seed}')
-            summary = train_one_seed(args, seed, run_dir)
+            summary = train_one_seed(args, seed, run_dir, argv)
             if summary.get('interrupted'):
                 return 130
             summaries.append(summary)

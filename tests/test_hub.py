@@ -1,0 +1,165 @@
+"""Hub publishing and loading, offline: export folders, model cards, the HF cache, upload, load errors."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+
+import timm
+import timm_recursive  # noqa: F401
+from timm_recursive.hub import HubError, export_run, load_run, push_to_hub
+
+from helpers import TINY_RUN, load_script
+
+train_script = load_script('train')
+push_script = load_script('push_to_hub')
+REPO_ID = 'timm-recursive/recursive_dsa_moe_tiny.fashion_mnist'  # a registered pretrained config
+REVISION = 'a' * 40
+
+
+@pytest.fixture(scope='module')
+def run_dir(tmp_path_factory):
+    run = str(tmp_path_factory.mktemp('hub') / 'digits_run')
+    # 1 channel like the fashion_mnist tag, so the export can stand in for its Hub repo
+    assert train_script.main(TINY_RUN + ['--in-chans', '1', '--epochs', '2', '--output', run]) == 0
+    return run
+
+
+@pytest.fixture(scope='module')
+def hub_folder(run_dir):
+    return export_run(run_dir, os.path.join(run_dir, 'hub'), repo_id=REPO_ID, weights='last')
+
+
+def _front_matter(card: str) -> dict:
+    assert card.startswith('---\n')
+    return yaml.safe_load(card.split('---\n')[1])
+
+
+def test_export_folder_holds_safetensors_config_and_card(hub_folder, run_dir):
+    assert sorted(os.listdir(hub_folder)) == ['README.md', 'config.json', 'model.safetensors']
+    config = json.load(open(os.path.join(hub_folder, 'config.json')))
+    assert config['architecture'] == 'recursive_dsa_moe_tiny'
+    assert config['model_args']['num_steps'] == 3 and config['model_args']['in_chans'] == 1
+    assert config['label_names'] == [str(i) for i in range(10)]
+    assert config['pretrained_cfg']['input_size'] == [1, 32, 32] and len(config['pretrained_cfg']['mean']) == 1
+
+
+def test_card_front_matter_parses_and_carries_the_measured_metrics(hub_folder, run_dir):
+    card = open(os.path.join(hub_folder, 'README.md')).read()
+    meta = _front_matter(card)
+    assert meta['library_name'] == 'timm' and meta['license'] == 'apache-2.0'
+    assert 'image-classification' in meta['tags'] and meta['datasets'] == ['scikit-learn/digits']
+    run = load_run(run_dir)
+    last = run['history'][-1]
+    metrics = {m['name']: m['value'] for m in meta['model-index'][0]['results'][0]['metrics']}
+    assert metrics['top-1 accuracy (final step)'] == round(last['eval_top1'], 2)
+    assert metrics['top-5 accuracy (final step)'] == round(last['eval_top5'], 2)
+    # every step's accuracy is in the card, the run's command and the usage starting with the import
+    for t, (a, b) in enumerate(zip(last['eval_top1_per_step'], last['eval_top5_per_step']), start=1):
+        assert f'| {t} | {a:.2f} | {b:.2f} |' in card
+    assert run['summary']['command'] in card
+    assert 'import timm_recursive' in card and f"hf-hub:{REPO_ID}" in card
+    assert '$' not in card.replace('$ ', '')  # no unfilled template placeholder
+
+
+def _lay_into_hf_cache(folder: str, repo_id: str, cache: str) -> None:
+    """Copy ``folder`` where ``hf_hub_download`` looks for ``repo_id`` at revision main."""
+    repo_dir = os.path.join(cache, 'models--' + repo_id.replace('/', '--'))
+    os.makedirs(os.path.join(repo_dir, 'refs'), exist_ok=True)
+    with open(os.path.join(repo_dir, 'refs', 'main'), 'w') as f:
+        f.write(REVISION)
+    shutil.copytree(folder, os.path.join(repo_dir, 'snapshots', REVISION))
+
+
+def test_published_folder_loads_offline_through_timm(hub_folder, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    cache = str(tmp_path / 'hf_cache')
+    _lay_into_hf_cache(hub_folder, REPO_ID, cache)
+    monkeypatch.setattr(constants, 'HF_HUB_CACHE', cache)
+    reference = timm.create_model(f'local-dir:{hub_folder}', pretrained=True).eval()
+    x = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        expected = reference(x)
+        via_hf_hub = timm.create_model(f'hf-hub:{REPO_ID}', pretrained=True).eval()  # config.json from the cache
+        assert via_hf_hub.num_steps == 3
+        assert torch.equal(via_hf_hub(x), expected)
+        # the registered tag points at the same repo; its architecture arguments are the caller's
+        run_args = dict(num_steps=3, topk=2)
+        registered_1ch = timm.create_model('recursive_dsa_moe_tiny.fashion_mnist', pretrained=True, in_chans=1,
+                                           **run_args).eval()
+        assert torch.equal(registered_1ch(x), expected)
+        # timm adapts the input channels and resets the classifier as for its own models
+        rgb = timm.create_model('recursive_dsa_moe_tiny.fashion_mnist', pretrained=True, in_chans=3, **run_args)
+        assert rgb.stages[0][0].weight.shape[1] == 3
+        five = timm.create_model('recursive_dsa_moe_tiny.fashion_mnist', pretrained=True, in_chans=1, num_classes=5,
+                                 **run_args)
+        assert five.head.out_features == 5 and five.class_embed.num_embeddings == 5
+        # and a local file through the overlay
+        local = timm.create_model('recursive_dsa_moe_tiny', pretrained=True, in_chans=1, **run_args,
+                                  pretrained_cfg_overlay=dict(file=os.path.join(hub_folder, 'model.safetensors'))).eval()
+        assert torch.equal(local(x), expected)
+
+
+@pytest.mark.parametrize('problem', ['mismatched', 'truncated', 'pickled'])
+def test_bad_pretrained_files_give_errors_naming_file_and_problem(tmp_path, problem):
+    path = str(tmp_path / ('weights.pth' if problem == 'pickled' else 'weights.safetensors'))
+    other = timm.create_model('recursive_sa_mlp_tiny', num_steps=2)
+    if problem == 'pickled':  # an untrusted pickle: timm loads weights only, refusing arbitrary objects
+        torch.save({'state_dict': other.state_dict(), 'payload': object()}, path)
+    else:
+        save_file(other.state_dict(), path)
+        if problem == 'truncated':
+            data = open(path, 'rb').read()
+            open(path, 'wb').write(data[:len(data) // 3])
+    expected = {'mismatched': 'Missing key', 'truncated': 'SafetensorError', 'pickled': 'weights_only'}[problem]
+    message = f'cannot load pretrained weights for recursive_dsa_moe_tiny from {path}: .*{expected}'
+    with pytest.raises(RuntimeError, match=message):
+        timm.create_model('recursive_dsa_moe_tiny', pretrained=True, pretrained_cfg_overlay=dict(file=path))
+
+
+class FakeHfApi:
+    """Records what would be uploaded; ``fail`` makes the upload raise like a network error."""
+
+    def __init__(self, fail=False):
+        self.fail, self.calls = fail, []
+
+    def create_repo(self, repo_id, private=False, exist_ok=False):
+        self.calls.append(('create_repo', repo_id, private, exist_ok))
+        return type('RepoUrl', (), {'repo_id': repo_id})()
+
+    def upload_folder(self, repo_id, folder_path, commit_message, revision=None):
+        if self.fail:
+            raise ConnectionError('Hub unreachable')
+        self.calls.append(('upload_folder', repo_id, sorted(os.listdir(folder_path)), commit_message))
+        return type('CommitInfo', (), {'commit_url': f'https://huggingface.co/{repo_id}/commit/{REVISION}'})()
+
+
+def test_push_uploads_the_folder_and_reports_failures_keeping_files(hub_folder):
+    api = FakeHfApi()
+    url = push_to_hub(hub_folder, 'someone/tiny-digits', private=True, api=api)
+    assert url.endswith(REVISION)
+    assert api.calls[0] == ('create_repo', 'someone/tiny-digits', True, True)
+    uploaded = ['README.md', 'config.json', 'model.safetensors']
+    assert api.calls[1][:3] == ('upload_folder', 'someone/tiny-digits', uploaded)
+    before = sorted(os.listdir(hub_folder))
+    with pytest.raises(HubError, match='upload of .* to someone/tiny-digits failed .*Hub unreachable.*unchanged'):
+        push_to_hub(hub_folder, 'someone/tiny-digits', api=FakeHfApi(fail=True))
+    assert sorted(os.listdir(hub_folder)) == before
+    with pytest.raises(HubError, match='not an exported model folder'):
+        push_to_hub(os.path.dirname(hub_folder), 'someone/x', api=FakeHfApi())
+
+
+def test_push_script_dry_run_and_errors(run_dir, tmp_path, capsys):
+    out = str(tmp_path / 'dry')
+    assert push_script.main([run_dir, '--out', out, '--dry-run']) == 0
+    assert sorted(os.listdir(out)) == ['README.md', 'config.json', 'model.safetensors']
+    card = open(os.path.join(out, 'README.md')).read()
+    assert 'best epoch' in card and 'optimistic' in card  # best selected on the test split says so
+    assert push_script.main([str(tmp_path), '--dry-run']) == 2
+    assert 'not a finished training run' in capsys.readouterr().err
+    pickle_out = str(tmp_path / 'with_pickle')
+    assert push_script.main([run_dir, '--out', pickle_out, '--dry-run', '--include-pickle']) == 0
+    assert 'pytorch_model.bin' in os.listdir(pickle_out)
