@@ -208,3 +208,19 @@ def test_unknown_argument_is_a_type_error():
 def test_bfloat16_forward():
     model = _tiny(num_steps=3).to(torch.bfloat16)
     assert model(torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_forward_steps_detaches_the_history_between_steps():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    models = {detach: _tiny(num_steps=4, detach_history=detach).eval() for detach in (True, False)}
+    models[False].load_state_dict(models[True].state_dict())
+    for detach, model in models.items():
+        logits, _ = model.forward_steps(x)
+        torch.testing.assert_close(logits, models[True].forward_steps(x)[0])  # the values never change
+        logits[-1].sum().backward()  # the last step's loss reaches step 1 (y_init) only without detaching
+        reached = model.y_init.grad is not None and bool(model.y_init.grad.abs().sum() > 0)
+        assert reached != detach
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()  # forward(): one loss, gradients through the whole recursion
+        assert model.y_init.grad is not None and model.y_init.grad.abs().sum() > 0

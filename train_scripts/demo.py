@@ -6,8 +6,9 @@
    (sequence length, keys per query, tokens per expert);
 3. prints the efficiency tables of the demo size and of the reported CIFAR configuration (SA-MLP
    baseline vs DSA-MoE);
-4. reloads the exported Hub-ready folder (``model.safetensors`` + ``config.json``) with
-   ``timm.create_model('local-dir:...')``, re-evaluates it and checks it reproduces the accuracy.
+4. exports the best epoch as a Hub-ready folder (``model.safetensors``, ``config.json`` and a model
+   card rendered from the run's metrics), reloads it with ``timm.create_model('local-dir:...')``,
+   re-evaluates it and checks it reproduces the accuracy the run recorded.
 
 Exits non-zero if the test accuracy is below 95% or the reloaded model disagrees.
 """
@@ -25,6 +26,7 @@ import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.efficiency import format_table
 from timm_recursive.data import create_dataset_transform, resolve_dataset
 from timm_recursive.efficiency import build_reports
+from timm_recursive.hub import export_run
 from timm_recursive.training import StepOutputs, collate_classification, evaluate_steps
 
 TARGET = 95.0
@@ -64,8 +66,10 @@ def main() -> int:
         summary = json.load(f)
     best = summary['best']
 
-    export = os.path.join(args.output, 'model')
-    print(f'\n== 2. Reloading the exported folder {export} with timm.create_model("local-dir:...") ==')
+    export = export_run(args.output, os.path.join(args.output, 'hub'),
+                        repo_id='timm-recursive/recursive_dsa_moe_tiny.digits')
+    print(f'\n== 2. Hub-ready folder {export} ({", ".join(sorted(os.listdir(export)))}); '
+          f'reloading it with timm.create_model("local-dir:...") ==')
     model = timm.create_model(f'local-dir:{os.path.abspath(export)}', pretrained=True).eval()
     splits = resolve_dataset('digits')
     test = splits.eval.with_transform(create_dataset_transform(model, splits, is_training=False))
