@@ -7,13 +7,14 @@ TIMM_SUITE := tests/timm_suite/test_models.py
 # tests never wait on the network: the Hugging Face Hub is read from local caches only
 TEST_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-.PHONY: help install test test-fast demo bench efficiency fashion-mnist clean
+.PHONY: help install test test-fast demo bench efficiency fashion-mnist hub-folders clean
 
 help:
 	@echo "make demo    train a recursive DSA-MoE on digits, show it step by step, reload it (installs first)"
 	@echo "make test    create the environment and run every test"
 	@echo "make bench   training-speed benchmark of SA-MLP, SA-MoE, DSA-MoE (slow, not a test)"
 	@echo "make fashion-mnist  the README's FashionMNIST results: three variants (about 1.5 h on 2 CPU cores)"
+	@echo "make hub-folders    publish-ready Hub folders and model_cards/ of those runs and the demo's"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +47,10 @@ bench: $(STAMP)
 # the FashionMNIST IDX files come from the Hub or Debian's dataset-fashion-mnist package
 fashion-mnist: $(STAMP)
 	scripts/train_fashion_mnist.sh runs/fashion_mnist
+
+# Hub folders (runs/*/hub/) and model_cards/*.md of the runs above (after `make demo` and `make fashion-mnist`)
+hub-folders: $(STAMP)
+	scripts/hub_folders.sh
 
 efficiency: $(STAMP)
 	$(PY) -m timm_recursive.efficiency recursive_sa_mlp_cifar recursive_sa_moe_cifar recursive_dsa_moe_cifar recursive_dsa_moe_cifar:topk=2

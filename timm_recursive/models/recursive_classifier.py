@@ -227,6 +227,7 @@ class RecursiveClassifier(nn.Module):
             prev_chs = chs
         self.stages = nn.Sequential(*stages)
         self.proj = nn.Linear(prev_chs, embed_dim, **dd)
+        self.summary_norm = nn.LayerNorm(embed_dim, **dd)  # the summary token at the scale of the others
 
         self.y_init = nn.Parameter(torch.zeros(1, embed_dim, **dd))
         self.z_init = nn.Parameter(torch.zeros(1, 1, embed_dim, **dd))
@@ -247,8 +248,13 @@ class RecursiveClassifier(nn.Module):
         self.reset_classifier(num_classes)
 
     def init_weights(self) -> None:
-        for p in (self.y_init, self.z_init, self.role_embed):
-            trunc_normal_(p, std=.02)
+        # The initial hypothesis and latent, like the class embeddings and the later latents (layer
+        # norm outputs), are whole tokens of unit scale: at ViT's 0.02 the pre-norm blocks' layer norms
+        # amplified their gradients ~30x, Adam moved them by 5% per step, and FashionMNIST training
+        # diverged in its second epoch. The role embeddings are small offsets, as ViT's positions.
+        for p in (self.y_init, self.z_init):
+            trunc_normal_(p, std=1., a=-2., b=2.)
+        trunc_normal_(self.role_embed, std=.02)
         named_apply(_init_weights, self)
 
     @torch.jit.ignore
@@ -258,7 +264,7 @@ class RecursiveClassifier(nn.Module):
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False):
         return dict(
-            stem=r'^stages|^proj|^y_init|^z_init|^role_embed',
+            stem=r'^stages|^proj|^summary_norm|^y_init|^z_init|^role_embed',
             blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))],
         )
 
@@ -281,7 +287,7 @@ class RecursiveClassifier(nn.Module):
             self.head = nn.Linear(self.embed_dim, num_classes, **dd)
             self.class_embed = nn.Embedding(num_classes, self.embed_dim, **dd)
             named_apply(_init_weights, self.head)
-            trunc_normal_(self.class_embed.weight, std=.02)
+            trunc_normal_(self.class_embed.weight, std=1., a=-2., b=2.)  # unit-scale tokens, see init_weights
         else:
             self.head = nn.Identity()
             self.class_embed = None
@@ -292,7 +298,7 @@ class RecursiveClassifier(nn.Module):
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         x = check_image_input(x, self.in_chans)
         x = self.stages(x)
-        return self.proj(x.mean((2, 3)))
+        return self.summary_norm(self.proj(x.mean((2, 3))))
 
     def _hypothesis_embed(self, logits: torch.Tensor) -> torch.Tensor:
         assert self.class_embed is not None
