@@ -1,1 +1,2 @@
 from .recursive_classifier import RecursiveBlock, RecursiveClassifier
+from .vision_transformer_entmax import EntmaxVisionTransformer

@@ -1,0 +1,100 @@
+"""Entmax ViTs: timm state dicts load strictly, alpha=1 is the softmax ViT, conversion, sparsity, errors."""
+import os
+
+import pytest
+import safetensors.torch
+import torch
+
+import timm
+import timm_recursive  # noqa: F401
+from timm_recursive.layers import EntmaxAttention, convert_to_entmax
+from timm_recursive.models import EntmaxVisionTransformer
+
+SMALL = dict(img_size=64)  # a 4x4 patch grid keeps the tests fast
+
+
+def test_registered_models_and_softmax_initialisations():
+    assert set(timm.list_models('*_entmax')) == {'vit_tiny_entmax', 'vit_small_entmax', 'vit_base_entmax'}
+    cfg = timm.models.get_pretrained_cfg('vit_small_entmax.dino')
+    # the same file timm's vit_small_patch16_224.dino loads (timm completes its own 'timm/' id)
+    assert cfg.hf_hub_id == 'timm/vit_small_patch16_224.dino' and cfg.num_classes == 0
+    assert timm.models.get_pretrained_cfg('vit_small_patch16_224.dino').hf_hub_id in ('timm/', cfg.hf_hub_id)
+
+
+@pytest.mark.parametrize('ours,theirs', [('vit_tiny_entmax', 'vit_tiny_patch16_224'),
+                                         ('vit_small_entmax', 'vit_small_patch16_224')])
+def test_timm_vit_state_dicts_load_strictly_and_alpha_one_is_softmax(ours, theirs):
+    torch.manual_seed(0)
+    reference = timm.create_model(theirs, **SMALL).eval()
+    model = timm.create_model(ours, alpha=1.0, **SMALL).eval()
+    model.load_state_dict(reference.state_dict(), strict=True)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-5)
+        convert_to_entmax(model, 1.5)
+        assert not torch.allclose(model(x), reference(x), atol=1e-3)  # entmax changes the attention
+
+
+def test_dino_checkpoint_loads_through_the_registered_tag(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    # DINO's file holds vit_small_patch16_224 weights without a head: lay one into an offline cache
+    repo = tmp_path / 'models--timm--vit_small_patch16_224.dino'
+    snapshot = repo / 'snapshots' / ('0' * 40)
+    snapshot.mkdir(parents=True)
+    (repo / 'refs').mkdir()
+    (repo / 'refs' / 'main').write_text('0' * 40)
+    dino = timm.create_model('vit_small_patch16_224', num_classes=0)
+    safetensors.torch.save_file(dino.state_dict(), str(snapshot / 'model.safetensors'))
+    monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(tmp_path))
+    model = timm.create_model('vit_small_entmax.dino', pretrained=True)
+    assert isinstance(model, EntmaxVisionTransformer) and model.num_classes == 0
+    for name, tensor in dino.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+
+
+def test_convert_any_timm_vit_in_place_keeps_keys():
+    model = timm.create_model('deit3_small_patch16_224', img_size=64)  # LayerScale blocks
+    keys = list(model.state_dict())
+    assert convert_to_entmax(model, 2.0) is model
+    attns = [m for m in model.modules() if isinstance(m, EntmaxAttention)]
+    assert len(attns) == 12 and all(a.alpha == 2.0 for a in attns)
+    assert list(model.state_dict()) == keys
+    model(torch.randn(1, 3, 64, 64))
+    with pytest.raises(TypeError, match='no timm.layers.Attention'):
+        convert_to_entmax(timm.create_model('resnet10t'))
+    with pytest.raises(ValueError, match='alpha must be in'):
+        convert_to_entmax(model, 2.5)
+
+
+def test_sparsity_is_reported_when_asked():
+    torch.manual_seed(0)
+    model = timm.create_model('vit_tiny_entmax', **SMALL).eval()
+    attn = model.blocks[0].attn
+    model(torch.randn(1, 3, 64, 64))
+    assert attn.last_sparsity == {}  # costs nothing unless asked
+    attn.track_sparsity = True
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight.mul_(20.)  # peaked scores: many exact zeros
+        model(torch.randn(2, 3, 64, 64))
+    stats = attn.last_sparsity
+    n = 17  # 16 patches + [CLS]
+    assert int(stats['seq_len']) == n and 0 < float(stats['zero_fraction']) < 1
+    assert stats['support_per_row'].shape == (3,) and (stats['support_per_row'] <= n).all()
+    assert float(stats['zero_fraction']) == pytest.approx(1 - float(stats['support_per_row'].mean()) / n, abs=1e-6)
+
+
+def test_bf16_forward_backward_is_finite():
+    model = timm.create_model('vit_tiny_entmax', **SMALL).to(torch.bfloat16)
+    out = model(torch.randn(2, 3, 64, 64, dtype=torch.bfloat16))
+    out.float().square().mean().backward()
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match='alpha must be in'):
+        timm.create_model('vit_tiny_entmax', alpha=0.5)
+    with pytest.raises(TypeError, match='sets attn_layer itself'):
+        EntmaxVisionTransformer(attn_layer=torch.nn.Identity)
+    with pytest.raises(TypeError):
+        timm.create_model('vit_tiny_entmax', not_an_argument=1)

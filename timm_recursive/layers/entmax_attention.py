@@ -1,0 +1,103 @@
+"""Multi-head self-attention normalised by alpha-entmax instead of softmax: a drop-in for timm's ``Attention``.
+
+``EntmaxAttention`` has exactly the parameters (and names) of ``timm.layers.Attention``, so any
+state dict of a timm ViT loads into it; ``alpha=1`` is softmax through the fused SDPA kernel, and
+``alpha`` in (1, 2] gives sparse attention maps (1.5: entmax-1.5, 2: sparsemax) with no new
+parameters. With ``track_sparsity = True`` the layer keeps the statistics of its last forward in
+``last_sparsity``: the fraction of exact zeros and the mean support size per query row.
+"""
+from typing import Dict, Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from timm.layers import Attention, register_notrace_function
+from timm.layers.attention import maybe_add_mask, resolve_self_attn_mask
+
+from .entmax import entmax
+
+__all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax']
+
+
+@register_notrace_function  # an autograd.Function inside: a leaf for FX
+@torch.jit.ignore  # and plain Python for TorchScript
+def attention_probs(scores: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Attention probabilities of ``scores`` over the last dim: softmax at alpha = 1, else alpha-entmax."""
+    return entmax(scores, alpha, dim=-1)
+
+
+class EntmaxAttention(Attention):
+    """timm ``Attention`` whose normalisation is alpha-entmax; see the module docstring."""
+
+    def __init__(self, dim: int, num_heads: int = 8, alpha: float = 1.5, **kwargs):
+        super().__init__(dim, num_heads=num_heads, **kwargs)
+        if not 1. <= float(alpha) <= 2.:
+            raise ValueError(f'alpha must be in [1, 2] (1: softmax, 1.5: entmax-1.5, 2: sparsemax), got {alpha}')
+        self.alpha = float(alpha)
+        self.track_sparsity = False
+        self.last_sparsity: Dict[str, torch.Tensor] = {}
+
+    @torch.jit.unused
+    def _record_sparsity(self, attn: torch.Tensor) -> None:
+        with torch.no_grad():
+            support = (attn > 0).sum(-1).float()  # (B, H, N)
+            self.last_sparsity = {
+                'zero_fraction': 1. - support.mean() / attn.shape[-1],
+                'support_per_row': support.mean(dim=(0, 2)),  # per head
+                'seq_len': torch.tensor(attn.shape[-1]),
+            }
+
+    def extra_repr(self) -> str:
+        return f'alpha={self.alpha}'
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+    ) -> torch.Tensor:
+        torch._assert(x.dim() == 3, 'EntmaxAttention expects tokens of shape (B, N, C)')
+        B, N, C = x.shape
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.alpha == 1.:  # softmax: the fused kernel, exactly as timm's Attention
+            x = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.,
+                is_causal=is_causal)
+        else:
+            scores = (q * self.scale) @ k.transpose(-2, -1)
+            scores = maybe_add_mask(scores, resolve_self_attn_mask(N, scores, attn_mask, is_causal))
+            attn = attention_probs(scores, self.alpha)
+            if self.track_sparsity and not torch.jit.is_scripting():
+                self._record_sparsity(attn)
+            x = self.attn_drop(attn) @ v
+        x = x.transpose(1, 2).reshape(B, N, self.attn_dim)
+        x = self.norm(x)
+        if gate is not None:
+            x = x * gate
+        return self.proj_drop(self.proj(x))
+
+
+def convert_to_entmax(model: nn.Module, alpha: float = 1.5) -> nn.Module:
+    """Turn every timm ``Attention`` of ``model`` into an ``EntmaxAttention`` in place (same parameters).
+
+    Works on any timm model built from ``timm.layers.Attention`` (every ``VisionTransformer``); the
+    state dict keys do not change. Raises ``TypeError`` when the model has no such layer.
+    """
+    if not 1. <= float(alpha) <= 2.:
+        raise ValueError(f'alpha must be in [1, 2] (1: softmax, 1.5: entmax-1.5, 2: sparsemax), got {alpha}')
+    converted = 0
+    for module in model.modules():
+        if isinstance(module, Attention):
+            if not isinstance(module, EntmaxAttention):
+                # same parameters and buffers: swapping the class keeps the module and its state dict
+                module.__class__ = EntmaxAttention
+                module.track_sparsity = False
+                module.last_sparsity = {}
+            module.alpha = float(alpha)
+            converted += 1
+    if converted == 0:
+        raise TypeError(f'{type(model).__name__} has no timm.layers.Attention layer to convert to entmax attention')
+    return model
