@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from timm_recursive.layers.entmax import entmax, entmax15, entmax_bisect
+from timm_recursive.layers.entmax_ops import entmax, entmax15, entmax_bisect
 
 entmax_ref = pytest.importorskip('entmax')  # test-only reference implementation (extra `dev`)
 

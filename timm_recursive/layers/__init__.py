@@ -1,4 +1,4 @@
 from .mixture_of_experts import MixtureOfExperts, expert_counts, load_balancing_loss, router_z_loss
 from .sparse_attention import DynamicSparseAttention, sparse_attention_sparsity
-from .entmax import entmax, entmax15, entmax_bisect
+from .entmax_ops import entmax, entmax15, entmax_bisect
 from .entmax_attention import EntmaxAttention, attention_probs, convert_to_entmax

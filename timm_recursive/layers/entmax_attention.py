@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from timm.layers import Attention, register_notrace_function
 from timm.layers.attention import maybe_add_mask, resolve_self_attn_mask
 
-from .entmax import entmax
+from .entmax_ops import entmax
 
 __all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax']
 
