@@ -9,7 +9,7 @@ shift || true
 for variant in dsa_moe sa_moe sa_mlp; do
     .venv/bin/python train_scripts/train.py \
         --model "recursive_${variant}_tiny.fashion_mnist" --model-kwargs num_steps=8 \
-        --dataset fashion_mnist --epochs 12 --batch-size 128 --lr 1e-3 --weight-decay 0.05 \
+        --dataset fashion_mnist --epochs 10 --batch-size 128 --lr 1e-3 --weight-decay 0.05 \
         --warmup-epochs 1 --clip-grad 1.0 --label-smoothing 0.1 --scale 0.75 1 --hflip 0.5 \
         --output "$out/recursive_${variant}_tiny" --resume --no-progress "$@"
 done

@@ -5,18 +5,19 @@ attends only to its ``topk`` best-scored keys. While the sequence is no longer t
 key is selected and the layer is exactly dense multi-query attention with the same weights.
 
 Gradient to the indexer: top-k selection is not differentiable, so the attention probability of
-every selected key is multiplied by a straight-through gate ``1 + log sigmoid(s) - stop_grad(log
-sigmoid(s))`` of its indexer score ``s``. The gate is exactly 1 in the forward pass (outputs are
-unchanged), and its gradient, ``(1 - sigmoid(s)) * dL/dgate``, tells the indexer whether weighting
-that key more would lower the loss, so the indexer learns to rank the keys the attention finds
-useful. (The same gradient written as ``sigmoid(s) / stop_grad(sigmoid(s))`` divides by an
-underflowing sigmoid for very negative scores and turns into inf/NaN; ``logsigmoid`` stays finite.)
+every selected key is multiplied by a straight-through gate ``1 + sigmoid(s) - stop_grad(sigmoid(s))``
+of its indexer score ``s``. The gate is exactly 1 in the forward pass (outputs are unchanged), and
+its gradient, ``sigmoid'(s) * dL/dgate``, tells the indexer whether weighting that key more would
+lower the loss, so the indexer learns to rank the keys the attention finds useful. The sigmoid's
+derivative vanishes once a score is decided either way, which bounds the scores: with a gradient of
+``(1 - sigmoid(s)) * dL/dgate`` (as ``sigmoid(s) / stop_grad(sigmoid(s))`` gives) the scores of
+unhelpful keys were pushed down without end (to -1,200 within two FashionMNIST epochs), and the
+gradients through the indexer into the queries and keys exploded.
 """
 from typing import Tuple
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from timm.layers import register_notrace_module
 
 __all__ = ['DynamicSparseAttention', 'sparse_attention_sparsity']
@@ -91,8 +92,8 @@ class DynamicSparseAttention(nn.Module):
         # all heads of a token meet the same keys, so no head transpose (or its copy) is needed.
         B, L, C = x.shape
         q, kv, scores = self._project(x)
-        log_gate = F.logsigmoid(scores)
-        gate = 1. + (log_gate - log_gate.detach())  # == 1 forward; carries the indexer's gradient
+        prob = torch.sigmoid(scores)
+        gate = 1. + (prob - prob.detach())  # == 1 forward; carries the indexer's (bounded) gradient
         if L <= self.topk:
             # dense regime: every key is selected; one (L * H) x L score matrix per image
             k, v = kv.split(self.head_dim, dim=-1)
