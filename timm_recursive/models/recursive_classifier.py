@@ -28,7 +28,7 @@ each step's inputs from earlier steps (the latents ``z`` and the hypothesis) by 
 (``detach_history=True``), as TRM detaches the state it carries between deep-supervision steps:
 every step's loss trains the shared weights through its own step, plus the encoder and learned
 tokens, and the backward stays one step long. Through the whole history, the step-8 loss's
-gradient was 5,600 times the step-1 loss's on a batch of a diverging FashionMNIST run; detached,
+gradient was over 5,000 times the step-1 loss's on a batch of a diverging FashionMNIST run; detached,
 1.5 times. ``forward``
 (a single loss on the last step, as timm's training scripts use) backpropagates through the whole
 recursion: without a loss per step it is the only way gradients reach the early steps.
