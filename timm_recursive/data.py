@@ -15,6 +15,7 @@
 ``create_dataset_transform(model, splits, is_training)`` builds timm's transform from the model's
 pretrained config and adapts every image to the model's channels (grayscale or RGB) and size.
 """
+import contextlib
 import gzip
 import logging
 import os
@@ -257,6 +258,19 @@ def _to_pil(image, mode: str):
     return image.convert(mode) if image.mode != mode else image
 
 
+@contextlib.contextmanager
+def quiet_channel_warnings():
+    """Silence timm's warning that a pretrained mean/std has 3 values for a 1-channel model (timm then
+    averages them, as ``create_dataset_transform`` does)."""
+    config_logger = logging.getLogger('timm.data.config')
+    level = config_logger.level
+    config_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        config_logger.setLevel(level)
+
+
 def _model_in_chans(model, default: int) -> int:
     first_conv = model.pretrained_cfg.get('first_conv') if hasattr(model, 'pretrained_cfg') else None
     if isinstance(first_conv, str):
@@ -288,14 +302,8 @@ def create_dataset_transform(
     """
     from timm.data import create_transform, resolve_data_config
 
-    # timm warns when the pretrained mean/std has 3 values and the model 1 channel: handled below
-    config_logger = logging.getLogger('timm.data.config')
-    level = config_logger.level
-    config_logger.setLevel(logging.ERROR)
-    try:
+    with quiet_channel_warnings():  # a 3-value mean/std for a 1-channel model: handled below
         config = resolve_data_config(model=model)
-    finally:
-        config_logger.setLevel(level)
     # the pretrained config's channels may differ from the instance's (e.g. created with in_chans=1)
     in_chans = _model_in_chans(model, config['input_size'][0])
     config['input_size'] = (in_chans, *config['input_size'][1:])

@@ -272,12 +272,15 @@ def export_model(model: nn.Module, directory: str, label_names: Optional[List[st
     """
     from timm.models import save_for_hf
 
+    from timm_recursive.data import quiet_channel_warnings
+
     tmp = f'{directory}.tmp'
     shutil.rmtree(tmp, ignore_errors=True)
     model_config = {'label_names': list(label_names)} if label_names else {}
     if pretrained_cfg:
         model_config['pretrained_cfg'] = dict(pretrained_cfg)
-    save_for_hf(model, tmp, model_config=model_config, model_args=model_args, safe_serialization=True)
+    with quiet_channel_warnings():
+        save_for_hf(model, tmp, model_config=model_config, model_args=model_args, safe_serialization=True)
     old = f'{directory}.old'
     if os.path.exists(directory):
         shutil.rmtree(old, ignore_errors=True)
