@@ -19,7 +19,7 @@ help:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[train,dev]'
+	$(PY) -m pip install --quiet -e '.[train,analysis,dev]'
 	touch $@
 
 install: $(STAMP)

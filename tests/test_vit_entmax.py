@@ -98,3 +98,20 @@ def test_bad_arguments():
         EntmaxVisionTransformer(attn_layer=torch.nn.Identity)
     with pytest.raises(TypeError):
         timm.create_model('vit_tiny_entmax', not_an_argument=1)
+
+
+def test_sparsity_and_pca_report_files(tmp_path):
+    from timm_recursive.analysis.attention_maps import attention_sparsity, main, pca_feature_maps
+    torch.manual_seed(0)
+    model = timm.create_model('vit_tiny_entmax', **SMALL)
+    images = torch.randn(2, 3, 64, 64)
+    stats = attention_sparsity(model, images)
+    assert len(stats['zero_fraction']) == 12 and len(stats['support_per_head'][0]) == 3
+    assert stats['seq_len'] == 17 and all(0 <= z <= 1 for z in stats['zero_fraction'])
+    maps = pca_feature_maps(model, images)
+    assert maps.shape == (2, 4, 4, 3) and maps.min() >= 0 and maps.max() <= 1
+    with pytest.raises(TypeError, match='no EntmaxAttention'):
+        attention_sparsity(timm.create_model('vit_tiny_patch16_224', **SMALL), images)
+    out = tmp_path / 'report'
+    assert main(['--model', 'vit_tiny_patch16_224', '--num-images', '1', '--out', str(out)]) == 0
+    assert sorted(os.listdir(out)) == ['pca_0.png', 'sparsity.json', 'sparsity.png']

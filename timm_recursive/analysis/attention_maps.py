@@ -1,0 +1,161 @@
+"""What entmax attention does inside a ViT: sparsity per layer and head, and PCA maps of patch features.
+
+``attention_sparsity(model, images)`` switches on the sparsity statistics of every
+``EntmaxAttention`` for one forward and returns, per layer and per head, the fraction of exact zeros
+in the attention maps and the mean support (keys kept) per query.
+
+``pca_feature_maps(model, images)`` projects the final patch features of a batch on their first three
+principal components (fitted on all patches of the batch together) and returns them as RGB maps on
+the patch grid, the picture the source uses to show cleaner features.
+
+``python -m timm_recursive.analysis.attention_maps --model vit_small_entmax --out DIR`` writes
+``sparsity.json``, ``sparsity.png`` (layer x head heatmap) and ``pca_<i>.png`` (image | map).
+"""
+import argparse
+import json
+import os
+from typing import Dict, List
+
+import numpy as np
+import torch
+from torch import nn
+
+from timm_recursive.layers import EntmaxAttention
+
+__all__ = ['attention_sparsity', 'pca_feature_maps']
+
+
+def _entmax_layers(model: nn.Module) -> List[EntmaxAttention]:
+    layers = [m for m in model.modules() if isinstance(m, EntmaxAttention)]
+    if not layers:
+        raise TypeError(f'{type(model).__name__} has no EntmaxAttention layer (see convert_to_entmax)')
+    return layers
+
+
+@torch.no_grad()
+def attention_sparsity(model: nn.Module, images: torch.Tensor) -> Dict[str, list]:
+    """Per-layer and per-head sparsity of ``model``'s entmax attention on ``images``.
+
+    Returns ``zero_fraction`` (per layer), ``support_per_head`` (layers x heads, mean keys kept per
+    query), ``seq_len`` and ``alpha`` (per layer).
+    """
+    layers = _entmax_layers(model)
+    was_training = model.training
+    model.eval()
+    for layer in layers:
+        layer.track_sparsity, layer.last_sparsity = True, {}
+    try:
+        model(images)
+    finally:
+        for layer in layers:
+            layer.track_sparsity = False
+        model.train(was_training)
+    stats = [layer.last_sparsity for layer in layers]
+    if any(not s for s in stats):  # alpha = 1 layers run the fused softmax: dense by construction
+        raise ValueError('some attention layers use softmax (alpha=1): sparsity is measured for alpha > 1 only')
+    return {
+        'zero_fraction': [float(s['zero_fraction']) for s in stats],
+        'support_per_head': [s['support_per_row'].tolist() for s in stats],
+        'seq_len': int(stats[0]['seq_len']),
+        'alpha': [layer.alpha for layer in layers],
+    }
+
+
+@torch.no_grad()
+def pca_feature_maps(model: nn.Module, images: torch.Tensor) -> np.ndarray:
+    """First three principal components of the patch features as RGB maps, (B, grid_h, grid_w, 3) in [0, 1]."""
+    was_training = model.training
+    model.eval()
+    try:
+        tokens = model.forward_features(images)
+    finally:
+        model.train(was_training)
+    patches = tokens[:, getattr(model, 'num_prefix_tokens', 0):]
+    grid_h, grid_w = model.patch_embed.grid_size
+    if patches.shape[1] != grid_h * grid_w:
+        raise ValueError(f'{patches.shape[1]} patch tokens do not fill the {grid_h}x{grid_w} patch grid')
+    flat = patches.reshape(-1, patches.shape[-1]).float()
+    flat = flat - flat.mean(0)
+    _, _, v = torch.linalg.svd(flat, full_matrices=False)
+    comps = flat @ v[:3].T
+    lo, hi = comps.min(0).values, comps.max(0).values
+    comps = (comps - lo) / (hi - lo).clamp_min(1e-12)
+    return comps.reshape(images.shape[0], grid_h, grid_w, 3).cpu().numpy()
+
+
+def _denormalise(images: torch.Tensor, config: dict) -> np.ndarray:
+    mean = torch.tensor(config['mean']).view(1, -1, 1, 1)
+    std = torch.tensor(config['std']).view(1, -1, 1, 1)
+    return (images * std + mean).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+
+
+def write_report(model: nn.Module, images: torch.Tensor, out: str, config: dict) -> Dict:
+    """``sparsity.json``, ``sparsity.png`` and ``pca_<i>.png`` for ``images`` under ``out``."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out, exist_ok=True)
+    stats = attention_sparsity(model, images)
+    with open(os.path.join(out, 'sparsity.json'), 'w') as f:
+        json.dump(stats, f, indent=2)
+    support = np.asarray(stats['support_per_head'])
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.5 + 0.5 * support.shape[1]), 1.2 + 0.35 * support.shape[0]))
+    im = ax.imshow(1 - support / stats['seq_len'], vmin=0, vmax=1, cmap='viridis', aspect='auto')
+    ax.set_xlabel('head')
+    ax.set_ylabel('layer')
+    ax.set_title(f'exact zeros per query, of {stats["seq_len"]} keys', fontsize=10)
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, 'sparsity.png'), dpi=100)
+    plt.close(fig)
+
+    maps = pca_feature_maps(model, images)
+    pictures = _denormalise(images, config)
+    for i, (picture, pca) in enumerate(zip(pictures, maps)):
+        fig, axes = plt.subplots(1, 2, figsize=(6, 3))
+        axes[0].imshow(picture.squeeze(-1) if picture.shape[-1] == 1 else picture, cmap='gray')
+        axes[1].imshow(pca, interpolation='nearest')
+        for ax, title in zip(axes, ('image', 'patch features, PCA 1-3')):
+            ax.set_title(title)
+            ax.axis('off')
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, f'pca_{i}.png'), dpi=100)
+        plt.close(fig)
+    return stats
+
+
+def main(argv=None) -> int:
+    import timm
+    import timm_recursive  # noqa: F401
+    from timm.data import create_transform, resolve_data_config
+    from PIL import Image
+
+    parser = argparse.ArgumentParser(description='Entmax attention sparsity and PCA feature maps of a ViT')
+    parser.add_argument('--model', default='vit_small_entmax', help='model name (any timm ViT is converted)')
+    parser.add_argument('--pretrained', action='store_true')
+    parser.add_argument('--alpha', type=float, default=1.5)
+    parser.add_argument('--images', nargs='*', default=[], help='image files (default: random noise images)')
+    parser.add_argument('--num-images', type=int, default=2)
+    parser.add_argument('--out', required=True)
+    args = parser.parse_args(argv)
+
+    from timm_recursive.layers import convert_to_entmax
+    model = convert_to_entmax(timm.create_model(args.model, pretrained=args.pretrained), args.alpha).eval()
+    config = resolve_data_config(model=model)
+    if args.images:
+        transform = create_transform(**config)
+        images = torch.stack([transform(Image.open(p).convert('RGB')) for p in args.images])
+    else:
+        torch.manual_seed(0)
+        images = torch.randn(args.num_images, *config['input_size'])
+    stats = write_report(model, images, args.out, config)
+    for layer, (zeros, heads) in enumerate(zip(stats['zero_fraction'], stats['support_per_head'])):
+        print(f'layer {layer:2d}: {100 * zeros:5.1f}% zeros, keys kept per head '
+              + ' '.join(f'{h:.0f}' for h in heads))
+    print(f'wrote {args.out}/sparsity.json, sparsity.png and pca_*.png')
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())
