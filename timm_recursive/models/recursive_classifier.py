@@ -382,10 +382,11 @@ def _init_weights(module: nn.Module, name: str = '') -> None:
 
 
 def _pretrained_source(variant: str, kwargs: dict) -> str:
-    overlay = kwargs.get('pretrained_cfg_overlay') or {}
-    cfg = kwargs.get('pretrained_cfg') or get_pretrained_cfg(variant)
+    cfg = kwargs.get('pretrained_cfg')
+    if cfg is None or isinstance(cfg, str):  # timm passes the tag of 'arch.tag' names as a string
+        cfg = get_pretrained_cfg(f'{variant}.{cfg}' if cfg else variant)
     cfg = cfg.to_dict() if hasattr(cfg, 'to_dict') else dict(cfg or {})
-    cfg.update(overlay)
+    cfg.update(kwargs.get('pretrained_cfg_overlay') or {})
     return cfg.get('file') or (f'hf-hub:{cfg["hf_hub_id"]}' if cfg.get('hf_hub_id') else cfg.get('url') or variant)
 
 
