@@ -262,13 +262,15 @@ def _to_pil(image, mode: str):
 def quiet_channel_warnings():
     """Silence timm's warning that a pretrained mean/std has 3 values for a 1-channel model (timm then
     averages them, as ``create_dataset_transform`` does)."""
-    config_logger = logging.getLogger('timm.data.config')
-    level = config_logger.level
-    config_logger.setLevel(logging.ERROR)
+    loggers = [logging.getLogger(name) for name in ('timm.data.config', 'timm.data.model_config')]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        config_logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _model_in_chans(model, default: int) -> int:
