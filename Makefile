@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 TIMM_SUITE := tests/timm_suite/test_models.py
 # tests never wait on the network: the Hugging Face Hub is read from local caches only;
 # one intra-op thread per pytest worker (2 workers x 2 threads on 2 cores made the suite 3.6x slower)
-TEST_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1
+OFFLINE_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+TEST_ENV := $(OFFLINE_ENV) OMP_NUM_THREADS=1
 
 .PHONY: help install test test-fast demo bench efficiency fashion-mnist hub-folders clean
 
@@ -40,7 +41,7 @@ test-fast: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q --ignore=tests/timm_suite
 
 demo: $(STAMP)
-	$(TEST_ENV) $(PY) train_scripts/demo.py
+	$(OFFLINE_ENV) $(PY) train_scripts/demo.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/recursive_train_speed.py
