@@ -96,22 +96,31 @@ def _entmax_backward(p: torch.Tensor, dp: torch.Tensor, alpha: float) -> torch.T
     return dx - g * (dx.sum(-1, keepdim=True) / g.sum(-1, keepdim=True))
 
 
+def _along(dim: int, fn, *tensors: torch.Tensor) -> torch.Tensor:
+    """``fn`` of last-dim solvers applied along ``dim``."""
+    return fn(*(t.transpose(dim, -1) for t in tensors)).transpose(dim, -1)
+
+
+def _backward(ctx, dp: torch.Tensor) -> torch.Tensor:
+    """Closed-form gradient for the probabilities saved by either Function's forward."""
+    (p,) = ctx.saved_tensors
+    dx = _along(ctx.dim, lambda p_, dp_: _entmax_backward(p_, dp_, ctx.alpha), p, dp.to(p.dtype))
+    return dx.to(dp.dtype)
+
+
 class Entmax15Function(torch.autograd.Function):
     """entmax-1.5 along ``dim`` with its closed-form backward."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, dim: int = -1):
-        p = _entmax15_forward(_solver_dtype(x).transpose(dim, -1)).transpose(dim, -1)
-        ctx.dim = dim
+        p = _along(dim, _entmax15_forward, _solver_dtype(x))
+        ctx.dim, ctx.alpha = dim, 1.5
         ctx.save_for_backward(p)
         return p.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dp: torch.Tensor):
-        (p,) = ctx.saved_tensors
-        dim = ctx.dim
-        dx = _entmax_backward(p.transpose(dim, -1), dp.to(p.dtype).transpose(dim, -1), 1.5).transpose(dim, -1)
-        return dx.to(dp.dtype), None
+        return _backward(ctx, dp), None
 
 
 class EntmaxBisectFunction(torch.autograd.Function):
@@ -119,17 +128,14 @@ class EntmaxBisectFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, alpha: float = 1.5, dim: int = -1):
-        p = _entmax_bisect_forward(_solver_dtype(x).transpose(dim, -1), float(alpha)).transpose(dim, -1)
+        p = _along(dim, lambda z: _entmax_bisect_forward(z, float(alpha)), _solver_dtype(x))
         ctx.dim, ctx.alpha = dim, float(alpha)
         ctx.save_for_backward(p)
         return p.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dp: torch.Tensor):
-        (p,) = ctx.saved_tensors
-        dim = ctx.dim
-        dx = _entmax_backward(p.transpose(dim, -1), dp.to(p.dtype).transpose(dim, -1), ctx.alpha).transpose(dim, -1)
-        return dx.to(dp.dtype), None, None
+        return _backward(ctx, dp), None, None
 
 
 def entmax15(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
