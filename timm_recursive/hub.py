@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 import torch
 
 from timm_recursive.layers import DynamicSparseAttention
-from timm_recursive.training import CheckpointError, create_model_from_checkpoint, export_model
+from timm_recursive.training import CheckpointError, create_model_from_checkpoint, export_model, replace_dir
 
 __all__ = ['HubError', 'load_run', 'export_run', 'render_model_card', 'push_to_hub', 'CARD_TEMPLATES']
 
@@ -226,9 +226,7 @@ def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weight
         torch.save(model.state_dict(), os.path.join(tmp, 'pytorch_model.bin'))
     with open(os.path.join(tmp, 'README.md'), 'w') as f:
         f.write(card)
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    replace_dir(tmp, out_dir)
     return out_dir
 
 

@@ -27,7 +27,7 @@ __all__ = [
     'STEP_WEIGHTINGS', 'CheckpointError', 'StepOutputs', 'step_weights', 'deep_supervision_loss',
     'evaluate_steps', 'save_state_atomic', 'load_state_checked', 'find_last_state', 'export_model',
     'write_json_atomic', 'load_weights', 'create_model_from_checkpoint', 'collate_classification',
-    'SeededSamples', 'create_classifier',
+    'SeededSamples', 'create_classifier', 'replace_dir',
 ]
 
 STEP_WEIGHTINGS = ('uniform', 'linear', 'last')
@@ -193,13 +193,23 @@ def write_json_atomic(path: str, data) -> None:
     os.replace(tmp, path)
 
 
+def replace_dir(complete: str, directory: str) -> None:
+    """Put the finished folder ``complete`` at ``directory``; a previous one is removed only afterwards."""
+    old = f'{directory}.old'
+    if os.path.exists(directory):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(directory, old)
+    os.replace(complete, directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def save_state_atomic(accelerator, directory: str, trainer_state: dict) -> None:
     """``accelerator.save_state`` into ``directory`` so that it is either complete or absent.
 
     Everything is written to ``directory + '.tmp'`` (``trainer_state.json`` last) and renamed into
     place; a previous state at ``directory`` is replaced only after the new one is complete.
     """
-    tmp, old = f'{directory}.tmp', f'{directory}.old'
+    tmp = f'{directory}.tmp'
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
@@ -207,11 +217,7 @@ def save_state_atomic(accelerator, directory: str, trainer_state: dict) -> None:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         write_json_atomic(os.path.join(tmp, TRAINER_STATE), trainer_state)
-        if os.path.exists(directory):
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(directory, old)
-        os.replace(tmp, directory)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, directory)
     accelerator.wait_for_everyone()
 
 
@@ -281,12 +287,7 @@ def export_model(model: nn.Module, directory: str, label_names: Optional[List[st
         model_config['pretrained_cfg'] = dict(pretrained_cfg)
     with quiet_channel_warnings():
         save_for_hf(model, tmp, model_config=model_config, model_args=model_args, safe_serialization=True)
-    old = f'{directory}.old'
-    if os.path.exists(directory):
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, directory)
     return directory
 
 
