@@ -17,8 +17,6 @@ bisection +20%.
 """
 import argparse
 import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +25,7 @@ import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.layers import entmax15
 from timm_recursive.layers import entmax_attention
+from timm_recursive.analysis.timing import median_seconds
 
 
 def _package_entmax15():
@@ -35,12 +34,6 @@ def _package_entmax15():
     except ImportError:
         return None
     return package_entmax15
-
-
-def _time(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def attention_cases(batch: int, normalise):
@@ -87,16 +80,6 @@ def model_cases(batch: int, normalise):
     return cases
 
 
-def run_interleaved(cases, repeats: int):
-    for fn in cases.values():  # warm-up
-        fn()
-    times = {name: [] for name in cases}
-    for _ in range(repeats):
-        for name, fn in cases.items():
-            times[name].append(_time(fn))
-    return {name: statistics.median(ts) for name, ts in times.items()}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--batch-size', type=int, default=8)
@@ -112,7 +95,7 @@ def main():
     results = {}
     for group, cases in (('attention operator', attention_cases(args.batch_size, package)),
                          ('whole model', model_cases(args.batch_size, package))):
-        medians = run_interleaved(cases, args.repeats)
+        medians = median_seconds(cases, args.repeats)
         base = next(iter(medians.values()))
         results[group] = {name: {'seconds': t, 'vs_softmax': t / base} for name, t in medians.items()}
 

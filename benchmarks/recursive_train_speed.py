@@ -11,13 +11,13 @@ CPU: compare ratios within one run, not absolute numbers across runs.
 import argparse
 import json
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 import timm
 
 import timm_recursive  # noqa: F401  registers the models
+from timm_recursive.analysis.timing import time_interleaved
 
 DEFAULT_MODELS = ['recursive_sa_mlp_cifar', 'recursive_sa_moe_cifar', 'recursive_dsa_moe_cifar']
 
@@ -37,7 +37,7 @@ def main():
     parser.add_argument('--batch-size', type=int, default=256)
     parser.add_argument('--steps', type=int, default=1, help='timed training steps per model per repeat')
     parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--warmup', type=int, default=2, help='untimed steps per model first')
+    parser.add_argument('--warmup', type=int, default=2, help='untimed rounds of --steps steps per model first')
     parser.add_argument('--aux-weight', type=float, default=0.01)
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--json', action='store_true', help='print the results as one JSON object')
@@ -53,17 +53,13 @@ def main():
         for _ in range(args.steps)
     ]
 
-    for name, model in models.items():
-        for i in range(args.warmup):
-            train_step(model, optimizers[name], *batches[i % len(batches)], args.aux_weight)
-
-    seconds = {name: [] for name in models}
-    for _ in range(args.repeats):
-        for name, model in models.items():  # interleaved: every model sees the same conditions
-            start = time.perf_counter()
+    def steps(name):
+        def run():
             for images, labels in batches:
-                train_step(model, optimizers[name], images, labels, args.aux_weight)
-            seconds[name].append(time.perf_counter() - start)
+                train_step(models[name], optimizers[name], images, labels, args.aux_weight)
+        return run
+
+    seconds = time_interleaved({name: steps(name) for name in models}, args.repeats, args.warmup)
 
     baseline = args.models[0]
     images = args.batch_size * args.steps

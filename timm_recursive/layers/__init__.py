@@ -2,3 +2,6 @@ from .mixture_of_experts import MixtureOfExperts, expert_counts, load_balancing_
 from .sparse_attention import DynamicSparseAttention, sparse_attention_sparsity
 from .entmax_ops import entmax, entmax15, entmax_bisect
 from .entmax_attention import EntmaxAttention, attention_probs, convert_to_entmax
+from .attention_projections import ProjectedAttention
+from .token_fusion import (
+    ClsRowAttention, TokenFusion, clustering_macs, density_peak_clusters, token_sources, weighted_cluster_means)

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 from timm.layers import Attention, register_notrace_function
 from timm.layers.attention import maybe_add_mask, resolve_self_attn_mask
 
+from .attention_projections import ProjectedAttention
 from .entmax_ops import entmax
 
 __all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax']
@@ -26,7 +27,7 @@ def attention_probs(scores: torch.Tensor, alpha: float) -> torch.Tensor:
     return entmax(scores, alpha, dim=-1)
 
 
-class EntmaxAttention(Attention):
+class EntmaxAttention(ProjectedAttention):
     """timm ``Attention`` whose normalisation is alpha-entmax; see the module docstring."""
 
     def __init__(self, dim: int, num_heads: int = 8, alpha: float = 1.5, **kwargs):
@@ -56,12 +57,8 @@ class EntmaxAttention(Attention):
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
     ) -> torch.Tensor:
-        torch._assert(x.dim() == 3, 'EntmaxAttention expects tokens of shape (B, N, C)')
-        B, N, C = x.shape
-        gate = self.gate(x).sigmoid() if self.gate is not None else None
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v, gate = self.project_qkv(x)
+        N = q.shape[2]
         if self.alpha == 1.:  # softmax: the fused kernel, exactly as timm's Attention
             x = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.,
@@ -73,11 +70,7 @@ class EntmaxAttention(Attention):
             if self.track_sparsity and not torch.jit.is_scripting():
                 self._record_sparsity(attn)
             x = self.attn_drop(attn) @ v
-        x = x.transpose(1, 2).reshape(B, N, self.attn_dim)
-        x = self.norm(x)
-        if gate is not None:
-            x = x * gate
-        return self.proj_drop(self.proj(x))
+        return self.project_output(x, gate)
 
 
 def convert_to_entmax(model: nn.Module, alpha: float = 1.5) -> nn.Module:

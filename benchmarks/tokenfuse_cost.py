@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Cost and speed of token fusion on DeiT-S: GMACs and inference images/s against the plain DeiT-S.
+
+    python benchmarks/tokenfuse_cost.py [--json] [--repeats 5] [--keep-rates 0.5 0.6 0.7 0.8]
+
+For ``deit_small_patch16_224`` and ``deit_s_tokenfuse`` at every keep rate (same weights):
+
+* GMACs of one 224 px image, counted by ``torch.utils.flop_counter.FlopCounterMode`` with the fused
+  attention kernel off (counters do not see inside it), plus the clustering cost it misses
+  (pairwise distances and merges, ``timm_recursive.layers.clustering_macs``, counted analytically);
+* inference images/s (``torch.inference_mode``, fused attention on) at batch 32 and batch 1, the
+  models interleaved in every repeat, median over repeats, with the ratio to DeiT-S.
+
+Anchors from the issue: BAT 3.005 GMACs at keep 0.7 (DeiT-S 4.6); EViT 3.0 GMACs and about 1.5x on
+GPU; ToMe (r=13) 1.67x. Timings are noisy on a shared CPU: compare the ratios within one run.
+"""
+import argparse
+import json
+from typing import Dict
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import timm
+import timm_recursive  # noqa: F401  registers the models
+from timm.layers import Attention
+from timm_recursive.analysis.timing import median_seconds
+from timm_recursive.layers import clustering_macs
+from timm_recursive.models import record_token_fusion
+
+BASELINE = 'deit_small_patch16_224'
+
+
+def count_gmacs(model: torch.nn.Module, image: torch.Tensor) -> Dict[str, float]:
+    """Counted GMACs with fused attention off, and the analytic clustering GMACs the counter misses."""
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    fused = [a.fused_attn for a in attns]
+    for a in attns:
+        a.fused_attn = False
+    try:
+        with torch.inference_mode(), record_token_fusion(model) as fusions, FlopCounterMode(display=False) as counter:
+            model(image)
+    finally:
+        for a, f in zip(attns, fused):
+            a.fused_attn = f
+    dim = model.embed_dim
+    clustering = sum(clustering_macs(f.last_record['fuse_index'].shape[1], dim)
+                     for f in fusions if f.last_record and int(f.last_record['num_clusters']) > 0)
+    counted = counter.get_total_flops() / 2  # the counter reports 2 FLOPs per multiply-accumulate
+    return {'counted_gmacs': counted / 1e9, 'clustering_gmacs': clustering / 1e9,
+            'gmacs': (counted + clustering) / 1e9}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--keep-rates', type=float, nargs='+', default=[0.5, 0.6, 0.7, 0.8])
+    parser.add_argument('--batch-sizes', type=int, nargs='+', default=[32, 1])
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--json', action='store_true')
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    baseline = timm.create_model(BASELINE).eval()
+    models = {BASELINE: baseline}
+    for keep_rate in args.keep_rates:
+        model = timm.create_model('deit_s_tokenfuse', keep_rate=keep_rate).eval()
+        model.load_state_dict(baseline.state_dict())
+        models[f'deit_s_tokenfuse keep={keep_rate}'] = model
+
+    results = {name: {'gmacs': count_gmacs(m, torch.randn(1, 3, 224, 224)),
+                      'tokens_per_block': getattr(m, 'token_counts', lambda: [197] * len(m.blocks))()}
+               for name, m in models.items()}
+    for batch in args.batch_sizes:
+        images = torch.randn(batch, 3, 224, 224)
+
+        def infer(model):
+            def run():
+                with torch.inference_mode():
+                    model(images)
+            return run
+
+        medians = median_seconds({name: infer(m) for name, m in models.items()}, args.repeats)
+        for name, seconds in medians.items():
+            results[name][f'batch_{batch}'] = {
+                'images_per_s': batch / seconds, 'speedup': medians[BASELINE] / seconds}
+
+    report = {'repeats': args.repeats, 'threads': torch.get_num_threads(), 'torch': torch.__version__,
+              'results': results}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f'{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.repeats} interleaved '
+          'repeats; GMACs at batch 1 (fused attention off, clustering added analytically)')
+    header = f'{"model":<30}{"GMACs":>8}' + ''.join(f'{f"img/s b{b}":>12}{"x":>7}' for b in args.batch_sizes)
+    print(header)
+    for name, r in results.items():
+        row = f'{name:<30}{r["gmacs"]["gmacs"]:>8.3f}'
+        for b in args.batch_sizes:
+            row += f'{r[f"batch_{b}"]["images_per_s"]:>12.1f}{r[f"batch_{b}"]["speedup"]:>6.2f}x'
+        print(row)
+
+
+if __name__ == '__main__':
+    main()

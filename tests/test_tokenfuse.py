@@ -1,0 +1,234 @@
+"""Token decoupling and fusion: the layer's arithmetic, the DeiT models, the helper on other timm ViTs, errors."""
+import math
+
+import pytest
+import torch
+
+import timm
+import timm_recursive  # noqa: F401
+from timm.models.vision_transformer import Block, VisionTransformer
+from timm_recursive.layers import (
+    ClsRowAttention, TokenFusion, density_peak_clusters, token_sources, weighted_cluster_means)
+from timm_recursive.models import TokenFusionVisionTransformer, apply_token_fusion, record_token_fusion
+
+SMALL = dict(img_size=96)  # a 6x6 patch grid keeps the tests fast
+
+
+def _outputs_equal(model, reference, x):
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
+
+
+def test_registered_models_point_at_timm_deit_weights():
+    assert set(timm.list_models('*_tokenfuse')) == {'deit_t_tokenfuse', 'deit_s_tokenfuse', 'deit_b_tokenfuse'}
+    for ours, theirs in (('deit_t_tokenfuse', 'deit_tiny_patch16_224'), ('deit_s_tokenfuse', 'deit_small_patch16_224'),
+                         ('deit_b_tokenfuse', 'deit_base_patch16_224')):
+        cfg = timm.models.get_pretrained_cfg(f'{ours}.fb_in1k')
+        assert cfg.hf_hub_id == f'timm/{theirs}.fb_in1k'
+        assert cfg.mean == timm.models.get_pretrained_cfg(f'{theirs}.fb_in1k').mean
+
+
+def test_deit_state_dict_loads_strictly_and_keep_rate_one_is_deit():
+    torch.manual_seed(0)
+    reference = timm.create_model('deit_small_patch16_224', **SMALL).eval()
+    model = timm.create_model('deit_s_tokenfuse', keep_rate=1.0, **SMALL).eval()
+    model.load_state_dict(reference.state_dict(), strict=True)
+    assert list(model.state_dict()) == list(reference.state_dict())
+    x = torch.randn(2, 3, 96, 96)
+    _outputs_equal(model, reference, x)
+    apply_token_fusion(model, keep_rate=0.5)
+    with torch.no_grad():
+        assert not torch.allclose(model(x), reference(x), atol=1e-4)
+
+
+@pytest.mark.parametrize('name,kwargs', [
+    ('deit3_small_patch16_224', dict(img_size=64)),  # LayerScale
+    ('vit_small_patch14_reg4_dinov2', dict(img_size=56)),  # LayerScale + 4 register tokens
+])
+def test_helper_patches_other_vits_without_changing_keys(name, kwargs):
+    torch.manual_seed(0)
+    reference = timm.create_model(name, **kwargs).eval()
+    model = timm.create_model(name, **kwargs).eval()
+    model.load_state_dict(reference.state_dict())
+    keys = list(model.state_dict())
+    x = torch.randn(2, 3, kwargs['img_size'], kwargs['img_size'])
+    apply_token_fusion(model, keep_rate=1.0)
+    assert list(model.state_dict()) == keys
+    _outputs_equal(model, reference, x)
+    apply_token_fusion(model, keep_rate=0.5, reduction_blocks=(1, 5))
+    assert list(model.state_dict()) == keys
+    with record_token_fusion(model) as fusions:
+        with torch.no_grad():
+            model(x)
+    n = model.patch_embed.num_patches
+    assert [f.last_record['keep_index'].shape[1] for f in fusions] == [math.ceil(n / 2), math.ceil((n // 2 + 2) / 2)]
+
+
+def test_qk_norm_model_and_fused_row_matches_the_explicit_attention_map():
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=64, patch_size=16, embed_dim=64, depth=4, num_heads=4, qk_norm=True).eval()
+    reference = VisionTransformer(img_size=64, patch_size=16, embed_dim=64, depth=4, num_heads=4, qk_norm=True).eval()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 64, 64)
+    apply_token_fusion(model, keep_rate=1.0, reduction_blocks=(1, 2))
+    _outputs_equal(model, reference, x)
+    attn = model.blocks[1].attn
+    assert isinstance(attn, ClsRowAttention)
+    tokens = torch.randn(2, 17, 64)
+    with torch.no_grad():
+        attn.fused_attn = True
+        out_fused, row_fused = attn.forward_with_cls_row(tokens)
+        attn.fused_attn = False
+        out_full, row_full = attn.forward_with_cls_row(tokens)
+        torch.testing.assert_close(out_fused, reference.blocks[1].attn(tokens), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_fused, out_full, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(row_fused, row_full, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(row_fused.sum(-1), torch.ones(2))
+
+
+def test_token_counts_per_stage_are_as_configured():
+    model = timm.create_model('deit_s_tokenfuse').eval()
+    seen = []
+    hooks = [b.mlp.register_forward_hook(lambda m, i, o: seen.append(o.shape[1])) for b in model.blocks]
+    with torch.no_grad():
+        model(torch.randn(1, 3, 224, 224))
+    for h in hooks:
+        h.remove()
+    # 196 patches: keep ceil(0.7 * 196) = 138 + 2 fused = 140, then 98 + 2, then 70 + 2; plus [CLS]
+    assert seen == model.token_counts() == [197] * 3 + [141] * 3 + [101] * 3 + [73] * 3
+    model = timm.create_model('deit_t_tokenfuse', keep_rate=0.5, reduction_blocks=(0, 11), num_fused_tokens=4)
+    assert model.token_counts() == [1 + 98 + 4] * 11 + [1 + 51 + 4]
+
+
+def test_fused_tokens_are_importance_weighted_means_of_their_members():
+    torch.manual_seed(0)
+    fusion = TokenFusion(keep_rate=0.5, num_fused_tokens=3)
+    fusion.record = True
+    B, P, n, C = 3, 2, 20, 8
+    x, importance = torch.randn(B, P + n, C), torch.rand(B, n)
+    out = fusion(x, importance, num_prefix_tokens=P)
+    assert out.shape == (B, P + 10 + 3, C)
+    record = fusion.last_record
+    for b in range(B):
+        assert torch.equal(out[b, :P], x[b, :P])
+        top = importance[b].topk(10).indices
+        assert torch.equal(record['keep_index'][b], top)
+        assert torch.equal(out[b, P:P + 10], x[b, P + top])
+        assert set(record['fuse_index'][b].tolist()) == set(range(n)) - set(top.tolist())
+        for cluster in range(3):
+            members = record['fuse_index'][b][record['assignment'][b] == cluster]
+            assert len(members) > 0
+            w = importance[b, members]
+            expected = (w[:, None] * x[b, P + members]).sum(0) / w.sum()
+            torch.testing.assert_close(out[b, P + 10 + cluster], expected)
+
+
+def test_density_peaks_find_separated_groups_per_image():
+    torch.manual_seed(0)
+    centres = torch.tensor([[0., 0.], [10., 0.], [0., 10.]])
+    labels = torch.arange(3).repeat_interleave(6)
+    points = centres[labels] + 0.3 * torch.randn(18, 2)
+    perm = torch.randperm(18)
+    batch = torch.stack([points, points[perm]])
+    assignment = density_peak_clusters(batch, 3, knn=3)
+    for b, truth in enumerate((labels, labels[perm])):
+        pairs = set(zip(truth.tolist(), assignment[b].tolist()))
+        assert len(pairs) == 3  # a one-to-one map between true groups and clusters
+    # batched equals one image at a time, and it is deterministic
+    assert torch.equal(density_peak_clusters(batch[1:], 3, knn=3)[0], assignment[1])
+    assert torch.equal(density_peak_clusters(batch, 3, knn=3), assignment)
+    # duplicated tokens do not break ties randomly; every centre is in its own cluster
+    same = torch.zeros(1, 5, 4)
+    assert sorted(density_peak_clusters(same, 2).unique().tolist()) == [0, 1]
+    w = torch.tensor([[1., 3.]])
+    torch.testing.assert_close(weighted_cluster_means(torch.tensor([[[0.], [4.]]]), w, torch.zeros(1, 2, dtype=torch.long), 1),
+                               torch.tensor([[[3.]]]))
+
+
+def test_token_sources_track_every_patch_and_cluster_sizes():
+    torch.manual_seed(0)
+    model = timm.create_model('deit_t_tokenfuse', keep_rate=0.6, **SMALL).eval()
+    with record_token_fusion(model) as fusions, torch.no_grad():
+        model(torch.randn(2, 3, 96, 96))
+    stages = token_sources([f.last_record for f in fusions], 36)
+    for stage, count in zip(stages, [22 + 2, 15 + 2, 11 + 2]):
+        assert stage['sizes'].shape == (2, count) and (stage['sizes'] >= 1).all()
+        assert (stage['sizes'].sum(-1) == 36).all() and (stage['token'] >= 0).all()
+        assert stage['fused'].sum(-1).tolist() == stage['sizes'][:, count - 2:].sum(-1).tolist()
+    assert (stages[0]['sizes'][:, :22] == 1).all()  # the kept tokens of the first reduction are single patches
+    assert not fusions[0].record  # recording is off again outside the context
+    dropping = timm.create_model('deit_t_tokenfuse', keep_rate=0.5, num_fused_tokens=0, **SMALL).eval()
+    with record_token_fusion(dropping) as fusions, torch.no_grad():
+        dropping(torch.randn(1, 3, 96, 96))
+    first = token_sources([f.last_record for f in fusions], 36)[0]
+    assert (first['token'] < 0).sum() == 18 and first['sizes'].sum() == 18
+
+
+def test_intermediates_map_tokens_back_to_the_patch_grid():
+    torch.manual_seed(0)
+    model = timm.create_model('deit_t_tokenfuse', **SMALL).eval()
+    x = torch.randn(2, 3, 96, 96)
+    with torch.no_grad():
+        final, maps = model.forward_intermediates(x, indices=[2, 3, 11])
+        tokens = model.forward_intermediates(x, indices=[3], output_fmt='NLC', intermediates_only=True)
+        with record_token_fusion(model) as fusions:
+            model(x)
+    assert final.shape == (2, model.token_counts()[-1], 192)
+    assert [m.shape for m in maps] == [(2, 192, 6, 6)] * 3
+    first = token_sources([fusions[0].last_record], 36)[0]['token']  # (B, 36) -> token after block 4
+    grid = maps[1].flatten(2).transpose(1, 2)  # (B, 36, C)
+    for b in range(2):
+        torch.testing.assert_close(grid[b], tokens[0][b, first[b]])
+
+
+@pytest.mark.parametrize('batch,size', [(1, 224), (2, 160)])
+def test_batch_of_one_and_other_image_sizes(batch, size):
+    model = timm.create_model('deit_t_tokenfuse', img_size=size).eval()
+    with torch.no_grad():
+        assert model(torch.randn(batch, 3, size, size)).shape == (batch, 1000)
+    dynamic = timm.create_model('deit_t_tokenfuse', dynamic_img_size=True).eval()
+    with torch.no_grad():
+        assert dynamic(torch.randn(batch, 3, size, size + 32)).shape == (batch, 1000)
+
+
+def test_training_backward_and_grad_checkpointing_agree():
+    torch.manual_seed(0)
+    model = timm.create_model('deit_t_tokenfuse', **SMALL)
+    x = torch.randn(2, 3, 96, 96)
+    model(x).logsumexp(-1).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert all(g.abs().sum() > 0 for n, g in grads.items() if n.startswith('blocks.11'))
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(x).logsumexp(-1).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6)
+
+
+def test_reapplying_reconfigures_and_blocks_revert():
+    model = timm.create_model('deit_t_tokenfuse', **SMALL)
+    apply_token_fusion(model, keep_rate=0.8, reduction_blocks=[5])
+    assert [type(b).__name__ for b in model.blocks].count('TokenFusionBlock') == 1
+    assert type(model.blocks[3]) is Block and not hasattr(model.blocks[3], 'fusion')
+    assert model.blocks[5].fusion.keep_rate == 0.8
+
+
+def test_clear_errors():
+    with pytest.raises(ValueError, match=r'keep_rate must be in \(0, 1\]'):
+        timm.create_model('deit_t_tokenfuse', keep_rate=0.)
+    with pytest.raises(ValueError, match=r'keep_rate must be in \(0, 1\]'):
+        TokenFusion(keep_rate=1.5)
+    with pytest.raises(ValueError, match='reduction_blocks must be block indices'):
+        timm.create_model('deit_t_tokenfuse', reduction_blocks=(3, 12))
+    with pytest.raises(TypeError, match='needs a timm VisionTransformer'):
+        apply_token_fusion(timm.create_model('resnet10t'))
+    with pytest.raises(TypeError, match='has no class token'):
+        apply_token_fusion(VisionTransformer(img_size=32, patch_size=16, embed_dim=32, depth=2, num_heads=2,
+                                             class_token=False, global_pool='avg'))
+    with pytest.raises(TypeError, match='timm Block with timm Attention only'):
+        apply_token_fusion(timm.create_model('vit_small_entmax', img_size=32))
+    model = timm.create_model('deit_t_tokenfuse', img_size=32)
+    with pytest.raises(ValueError, match='attention masks are not supported'):
+        model.forward_features(torch.randn(1, 3, 32, 32), attn_mask=torch.ones(5, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match='sets block_fn itself'):
+        TokenFusionVisionTransformer(block_fn=Block)

@@ -1,0 +1,31 @@
+"""Interleaved timing for the benchmarks: speed is compared as a ratio within one run, never as an absolute time.
+
+The cases run one after the other inside every repeat, so they share the machine's state (other
+load, clocks, caches); the median over repeats then compares them fairly on a noisy shared CPU.
+"""
+import statistics
+import time
+from typing import Callable, Dict, List
+
+__all__ = ['time_interleaved', 'median_seconds']
+
+
+def time_interleaved(cases: Dict[str, Callable[[], None]], repeats: int = 5, warmup: int = 1) -> Dict[str, List[float]]:
+    """Seconds of every call of every case: ``warmup`` untimed rounds, then ``repeats`` interleaved rounds."""
+    if repeats < 1:
+        raise ValueError(f'repeats must be >= 1, got {repeats}')
+    for _ in range(warmup):
+        for fn in cases.values():
+            fn()
+    seconds: Dict[str, List[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            start = time.perf_counter()
+            fn()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def median_seconds(cases: Dict[str, Callable[[], None]], repeats: int = 5, warmup: int = 1) -> Dict[str, float]:
+    """Median seconds of every case over interleaved repeats (``time_interleaved``)."""
+    return {name: statistics.median(ts) for name, ts in time_interleaved(cases, repeats, warmup).items()}

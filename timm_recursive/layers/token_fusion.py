@@ -1,0 +1,222 @@
+"""Token decoupling and fusion: keep the patch tokens the [CLS] token attends to, cluster and merge the rest.
+
+Family 3 of DESIGN.md (seed 001). After the attention of a block, the patch tokens are ranked by
+the [CLS] query's attention row (averaged over heads): the top ``ceil(keep_rate * N)`` are kept
+as they are (importance), the inattentive rest is grouped by density-peak k-nearest-neighbour
+clustering and each group merged into one token by an importance-weighted mean (diversity). No
+learnable parameters, so a pretrained ViT's weights load unchanged; every image of a batch keeps
+the same number of tokens, so everything is batched tensor code.
+
+- ``ClsRowAttention``: timm's ``Attention`` (same parameters) whose ``forward_with_cls_row`` also
+  returns the [CLS] row. With the fused SDPA kernel the row is computed alone, O(N d), rather
+  than giving up the kernel, which returns no attention map.
+- ``TokenFusion``: the reduction; with ``record = True`` it keeps what it did in ``last_record``.
+- ``density_peak_clusters``, ``weighted_cluster_means``: the two steps of the fusion.
+- ``token_sources``: composes recorded reductions into, for every original patch, the token that
+  stands for it now, and how many patches each token stands for.
+"""
+import math
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from timm.layers import register_notrace_function
+
+from .attention_projections import ProjectedAttention
+
+__all__ = [
+    'ClsRowAttention', 'TokenFusion', 'density_peak_clusters', 'weighted_cluster_means', 'token_sources',
+    'clustering_macs', 'fuse_tokens', 'num_kept',
+]
+
+
+class ClsRowAttention(ProjectedAttention):
+    """timm ``Attention`` that can also return the attention row of the [CLS] query (token 0)."""
+
+    def forward_with_cls_row(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The attention output and the [CLS] query's attention over all N tokens, averaged over heads (B, N)."""
+        q, k, v, gate = self.project_qkv(x)
+        if self.fused_attn:
+            # one query row next to the fused kernel: O(N d) instead of the full attention map
+            row = ((q[:, :, :1] * self.scale) @ k.transpose(-2, -1)).float().softmax(dim=-1)
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.)
+        else:
+            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            row = attn[:, :, :1].float()
+            x = self.attn_drop(attn) @ v
+        return self.project_output(x, gate), row.mean(dim=1).squeeze(1)
+
+
+def _gather_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
+def density_peak_clusters(x: torch.Tensor, num_clusters: int, knn: int = 5) -> torch.Tensor:
+    """Density-peak k-nearest-neighbour clustering of the tokens of each image (DPC-kNN).
+
+    Density of a token: ``exp(-mean squared distance to its knn nearest neighbours)``; its peak
+    distance: the distance to the nearest denser token (the densest token: its farthest one). The
+    ``num_clusters`` tokens with the highest density x peak distance are the centres; every token
+    joins its nearest centre. Distances are Euclidean over sqrt(C); ties in density go to the lower
+    index, so the result is deterministic.
+
+    Args:
+        x: tokens (B, n, C).
+        num_clusters: centres per image, 1 <= num_clusters <= n.
+        knn: neighbours that define the density (capped at n - 1).
+
+    Returns:
+        the cluster of every token, (B, n) int64 in [0, num_clusters); centre i is in cluster i.
+    """
+    B, n, C = x.shape
+    if not 1 <= num_clusters <= n:
+        raise ValueError(f'num_clusters must be in [1, {n}] for {n} tokens, got {num_clusters}')
+    index = torch.arange(n, device=x.device)
+    if num_clusters == n:
+        return index.expand(B, n).clone()
+    if num_clusters == 1:
+        return torch.zeros(B, n, dtype=torch.long, device=x.device)
+    x = x.detach().float()  # discrete decisions: no gradient
+    dist = torch.cdist(x, x) / math.sqrt(C)  # (B, n, n)
+    k = max(1, min(knn, n - 1))
+    knn_dist = dist.topk(k + 1, dim=-1, largest=False).values[..., 1:]  # without the token itself
+    log_density = -knn_dist.pow(2).mean(dim=-1)  # log of the density: no underflow for distant tokens
+    # denser[b, i, j]: token j is denser than token i
+    d_i, d_j = log_density.unsqueeze(2), log_density.unsqueeze(1)
+    denser = (d_j > d_i) | ((d_j == d_i) & (index.view(1, 1, n) < index.view(1, n, 1)))
+    peak_dist = dist.masked_fill(~denser, float('inf')).amin(dim=-1)
+    peak_dist = torch.where(denser.any(dim=-1), peak_dist, dist.amax(dim=-1))
+    score = log_density + peak_dist.clamp_min(1e-30).log()
+    centres = score.topk(num_clusters, dim=-1).indices  # (B, m)
+    to_centres = dist.gather(1, centres.unsqueeze(-1).expand(B, num_clusters, n))  # (B, m, n)
+    assignment = to_centres.argmin(dim=1)
+    # a duplicate of a centre is as near to it as the centre itself: put every centre in its own cluster
+    return assignment.scatter(1, centres, torch.arange(num_clusters, device=x.device).expand(B, num_clusters))
+
+
+def weighted_cluster_means(
+        x: torch.Tensor, weights: torch.Tensor, assignment: torch.Tensor, num_clusters: int,
+) -> torch.Tensor:
+    """Mean of each cluster's tokens weighted by ``weights``: (B, n, C), (B, n), (B, n) -> (B, num_clusters, C)."""
+    B, n, C = x.shape
+    weights = weights.float()  # attention weights of ~1/N: summed in float32 whatever the token dtype
+    sums = x.new_zeros(B, num_clusters, C, dtype=torch.float32).scatter_add(
+        1, assignment.unsqueeze(-1).expand(B, n, C), x.float() * weights.unsqueeze(-1))
+    totals = weights.new_zeros(B, num_clusters).scatter_add(1, assignment, weights)
+    return (sums / totals.clamp_min(1e-30).unsqueeze(-1)).to(x.dtype)
+
+
+def clustering_macs(num_fused_inputs: int, dim: int) -> int:
+    """Multiply-accumulates of one fusion that FLOP counters miss: the pairwise distances (``cdist``) and the merge."""
+    return num_fused_inputs * num_fused_inputs * dim + num_fused_inputs * dim
+
+
+class TokenFusion(nn.Module):
+    """Keeps the most attended patch tokens and fuses the others into a few importance-weighted cluster means.
+
+    Output tokens: the prefix tokens ([CLS], registers) unchanged, then the kept patch tokens in
+    decreasing importance, then ``min(num_fused_tokens, inattentive)`` fused tokens. With
+    ``keep_rate = 1`` the tokens pass through untouched.
+
+    Args:
+        keep_rate: fraction of the patch tokens kept, in (0, 1]; ``ceil(keep_rate * N)`` are kept.
+        num_fused_tokens: clusters the inattentive tokens are merged into (0: they are dropped).
+        knn: neighbours that define the clustering density.
+    """
+    last_record: Dict[str, torch.Tensor]  # typed for TorchScript, which cannot infer it from {}
+
+    def __init__(self, keep_rate: float = 0.7, num_fused_tokens: int = 2, knn: int = 5):
+        super().__init__()
+        if not 0. < float(keep_rate) <= 1.:
+            raise ValueError(f'keep_rate must be in (0, 1] (the fraction of patch tokens kept), got {keep_rate}')
+        if int(num_fused_tokens) < 0 or int(knn) < 1:
+            raise ValueError(f'num_fused_tokens must be >= 0 and knn >= 1, got {num_fused_tokens} and {knn}')
+        self.keep_rate = float(keep_rate)
+        self.num_fused_tokens = int(num_fused_tokens)
+        self.knn = int(knn)
+        self.record = False
+        self.last_record = {}
+
+    def extra_repr(self) -> str:
+        return f'keep_rate={self.keep_rate}, num_fused_tokens={self.num_fused_tokens}, knn={self.knn}'
+
+    def num_outputs(self, num_patches: int) -> int:
+        """Patch tokens left after fusing ``num_patches``."""
+        kept = num_kept(self.keep_rate, num_patches)
+        return kept + min(self.num_fused_tokens, num_patches - kept)
+
+    def forward(self, x: torch.Tensor, importance: torch.Tensor, num_prefix_tokens: int = 1) -> torch.Tensor:
+        """Reduce tokens ``x`` (B, P + N, C) given the importance (B, N) of its N patch tokens."""
+        out, record = fuse_tokens(x, importance, num_prefix_tokens, self.keep_rate, self.num_fused_tokens, self.knn)
+        if self.record:
+            self.last_record = record
+        return out
+
+
+def num_kept(keep_rate: float, num_patches: int) -> int:
+    """``ceil(keep_rate * num_patches)``, at least 1 (the epsilon keeps 0.7 * 100 from rounding up to 71)."""
+    return max(1, math.ceil(keep_rate * num_patches - 1e-6))
+
+
+@register_notrace_function  # data-dependent token counts: a leaf for FX
+@torch.jit.ignore  # and plain Python under TorchScript (sorting, clustering)
+def fuse_tokens(
+        x: torch.Tensor, importance: torch.Tensor, num_prefix_tokens: int, keep_rate: float,
+        num_fused_tokens: int, knn: int,
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """``TokenFusion``'s reduction as a function: the reduced tokens and what was done (``TokenFusion.last_record``)."""
+    P = num_prefix_tokens
+    B, _, C = x.shape
+    n = x.shape[1] - P
+    if importance.shape != (B, n):
+        raise ValueError(f'importance must be (B, patch tokens) = {(B, n)}, got {tuple(importance.shape)}')
+    n_keep = num_kept(keep_rate, n)
+    if n_keep >= n:
+        return x, {}
+    prefix, patches = x[:, :P], x[:, P:]
+    order = importance.sort(dim=1, descending=True, stable=True).indices  # ties: patch order
+    keep_index, fuse_index = order[:, :n_keep], order[:, n_keep:]
+    parts = [prefix, _gather_tokens(patches, keep_index)]
+    num_clusters = min(num_fused_tokens, n - n_keep)
+    assignment = torch.zeros_like(fuse_index)
+    if num_clusters > 0:
+        inattentive = _gather_tokens(patches, fuse_index)
+        assignment = density_peak_clusters(inattentive, num_clusters, knn)
+        parts.append(weighted_cluster_means(inattentive, importance.gather(1, fuse_index), assignment, num_clusters))
+    record = {
+        'keep_index': keep_index, 'fuse_index': fuse_index, 'assignment': assignment,
+        'importance': importance.detach(), 'num_clusters': torch.tensor(num_clusters),
+    }
+    return torch.cat(parts, dim=1), record
+
+
+def token_sources(records: List[Dict[str, torch.Tensor]], num_patches: int) -> List[Dict[str, torch.Tensor]]:
+    """Where every original patch went, after each recorded reduction (``TokenFusion.last_record``).
+
+    Returns one dict per reduction: ``token`` (B, num_patches), the index among the output patch
+    tokens that stands for each original patch (-1: dropped, when ``num_fused_tokens = 0``);
+    ``fused`` (B, num_patches) bool, whether that token is a fused one; ``sizes`` (B, outputs),
+    how many original patches each output patch token stands for.
+    """
+    token: Optional[torch.Tensor] = None
+    stages = []
+    for record in records:
+        keep_index, fuse_index = record['keep_index'], record['fuse_index']
+        B, n_keep = keep_index.shape
+        n_in = n_keep + fuse_index.shape[1]
+        num_clusters = int(record['num_clusters'])
+        if token is None:
+            token = torch.arange(n_in, device=keep_index.device).expand(B, n_in)
+            if n_in != num_patches:
+                raise ValueError(f'the first reduction saw {n_in} patch tokens, not {num_patches}')
+        # output position of each input token of this reduction
+        new_position = torch.full((B, n_in + 1), -1, dtype=torch.long, device=keep_index.device)
+        new_position.scatter_(1, keep_index, torch.arange(n_keep, device=keep_index.device).expand(B, n_keep))
+        if num_clusters > 0:
+            new_position.scatter_(1, fuse_index, n_keep + record['assignment'])
+        token = new_position.gather(1, token.masked_fill(token < 0, n_in))  # dropped stay dropped (index n_in -> -1)
+        sizes = torch.zeros(B, n_keep + num_clusters + 1, dtype=torch.long, device=token.device)
+        sizes.scatter_add_(1, token.masked_fill(token < 0, n_keep + num_clusters), torch.ones_like(token))
+        stages.append({'token': token, 'fused': token >= n_keep, 'sizes': sizes[:, :-1]})
+    return stages

@@ -1,0 +1,256 @@
+"""DeiTs that keep the tokens the [CLS] token attends to and fuse the others by clustering.
+
+Family 3 of DESIGN.md (seed 001, "beyond attentive tokens"). After the attention of a few blocks
+(4, 7 and 10 counting from 1, the EViT convention; ``reduction_blocks=(3, 6, 9)`` counting from 0
+as Python does), the patch tokens are ranked by the [CLS] attention row: the top
+``ceil(keep_rate * N)`` are kept, the rest merged into ``num_fused_tokens`` tokens by density-peak
+kNN clustering and importance-weighted means (``timm_recursive.layers.TokenFusion``); the MLP of
+that block and everything after run on fewer tokens. At ``keep_rate=0.7`` DeiT-S costs about a third
+less (``benchmarks/tokenfuse_cost.py``). No learnable parameters: the architectures are timm's
+``deit_{tiny,small,base}_patch16_224`` and their weight files load unchanged. Fused tokens from an
+earlier reduction are candidates again at the next one.
+
+``apply_token_fusion(model, ...)`` does the same to any timm ``VisionTransformer`` instance in place
+(LayerScale, QK-norm and register tokens included), without changing its state dict keys.
+"""
+import contextlib
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import Attention, register_notrace_module
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices
+from timm.models.vision_transformer import Block, VisionTransformer, checkpoint_filter_fn
+
+from timm_recursive.layers import ClsRowAttention, TokenFusion, token_sources
+
+__all__ = ['TokenFusionBlock', 'TokenFusionVisionTransformer', 'apply_token_fusion', 'record_token_fusion']
+
+
+@register_notrace_module  # its token count depends on the data: a leaf for FX
+class TokenFusionBlock(Block):
+    """timm ``Block`` that reduces its tokens between the attention and the MLP (where EViT does).
+
+    Made by ``apply_token_fusion`` from a ``Block`` (same parameters); ``fusion`` and
+    ``num_prefix_tokens`` are set there.
+    """
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+    ) -> torch.Tensor:
+        if attn_mask is not None or is_causal:
+            raise ValueError('token fusion changes the token count: attention masks are not supported')
+        attn_out, cls_row = self.attn.forward_with_cls_row(self.norm1(x))
+        x = x + self.drop_path1(self.ls1(attn_out))
+        x = self.fusion(x, cls_row[:, self.num_prefix_tokens:], self.num_prefix_tokens)
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+def apply_token_fusion(
+        model: VisionTransformer,
+        keep_rate: float = 0.7,
+        reduction_blocks: Sequence[int] = (3, 6, 9),
+        num_fused_tokens: int = 2,
+        knn: int = 5,
+) -> VisionTransformer:
+    """Make ``model`` (a timm ``VisionTransformer``) reduce its tokens after the attention of ``reduction_blocks``.
+
+    In place, parameters and state dict keys unchanged; calling it again reconfigures the model
+    (blocks no longer listed become plain ``Block``s). ``reduction_blocks`` count from 0.
+
+    Raises:
+        ValueError: ``keep_rate`` outside (0, 1], block indices out of range.
+        TypeError: not a ``VisionTransformer`` with a [CLS] token, or a reduction block that is not
+            timm's ``Block`` with timm's ``Attention``.
+    """
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f'token fusion needs a timm VisionTransformer, got {type(model).__name__}')
+    if getattr(model, 'cls_token', None) is None:
+        raise TypeError(f'token fusion ranks tokens by the [CLS] attention row: {type(model).__name__} has no class token')
+    depth = len(model.blocks)
+    reduction_blocks = sorted(set(int(i) for i in reduction_blocks))
+    if any(not 0 <= i < depth for i in reduction_blocks):
+        raise ValueError(f'reduction_blocks must be block indices in [0, {depth}) (counting from 0), got {reduction_blocks}')
+    TokenFusion(keep_rate, num_fused_tokens, knn)  # validates the arguments before anything changes
+    for i in reduction_blocks:
+        block = model.blocks[i]
+        if type(block) not in (Block, TokenFusionBlock) or type(block.attn) not in (Attention, ClsRowAttention):
+            raise TypeError(
+                f'block {i} is a {type(block).__name__} with {type(block.attn).__name__}; token fusion patches '
+                'timm Block with timm Attention only')
+    for i, block in enumerate(model.blocks):
+        if i in reduction_blocks:
+            # same parameters: swapping the classes keeps the modules and their state dict keys
+            block.__class__ = TokenFusionBlock
+            block.attn.__class__ = ClsRowAttention
+            block.fusion = TokenFusion(keep_rate, num_fused_tokens, knn)
+            block.num_prefix_tokens = model.num_prefix_tokens
+        elif isinstance(block, TokenFusionBlock):
+            del block.fusion
+            block.__class__ = Block
+            block.attn.__class__ = Attention
+    return model
+
+
+@contextlib.contextmanager
+def record_token_fusion(model: nn.Module) -> Iterator[List[TokenFusion]]:
+    """Within the block, every ``TokenFusion`` of ``model`` keeps its last reduction in ``last_record``.
+
+    Yields the fusion modules in forward order; recording is off again afterwards (it costs
+    nothing when off).
+    """
+    fusions = [m for m in model.modules() if isinstance(m, TokenFusion)]
+    for fusion in fusions:
+        fusion.record, fusion.last_record = True, {}
+    try:
+        yield fusions
+    finally:
+        for fusion in fusions:
+            fusion.record = False
+
+
+class TokenFusionVisionTransformer(VisionTransformer):
+    """timm's ``VisionTransformer`` with token decoupling and fusion; see the module docstring.
+
+    Args:
+        keep_rate: fraction of the patch tokens kept at each reduction, in (0, 1] (1: the plain ViT).
+        reduction_blocks: blocks (counting from 0) after whose attention tokens are reduced.
+        num_fused_tokens: tokens the inattentive ones are merged into at each reduction.
+        knn: neighbours that define the clustering density.
+        **kwargs: ``VisionTransformer`` arguments (``block_fn`` and ``attn_layer`` excepted).
+    """
+
+    def __init__(
+            self,
+            keep_rate: float = 0.7,
+            reduction_blocks: Sequence[int] = (3, 6, 9),
+            num_fused_tokens: int = 2,
+            knn: int = 5,
+            **kwargs,
+    ):
+        for name in ('block_fn', 'attn_layer'):
+            if name in kwargs:
+                raise TypeError(f'TokenFusionVisionTransformer sets {name} itself')
+        super().__init__(**kwargs)
+        apply_token_fusion(self, keep_rate, reduction_blocks, num_fused_tokens, knn)
+
+    def _fusion_block_indices(self) -> List[int]:
+        return [i for i, b in enumerate(self.blocks) if isinstance(b, TokenFusionBlock)]
+
+    def token_counts(self, num_patches: Optional[int] = None) -> List[int]:
+        """Tokens (prefix included) that each block's MLP runs on, for ``num_patches`` patches (default: the model's)."""
+        n = self.patch_embed.num_patches if num_patches is None else num_patches
+        counts = []
+        for block in self.blocks:
+            if isinstance(block, TokenFusionBlock):
+                n = block.fusion.num_outputs(n)
+            counts.append(n + self.num_prefix_tokens)
+        return counts
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            return_prefix_tokens: bool = False,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = 'NCHW',
+            intermediates_only: bool = False,
+            output_dict: bool = False,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]], Dict[str, object]]:
+        """timm's ``forward_intermediates``; in NCHW every patch cell shows the token that stands for it.
+
+        After a reduction, fewer tokens than patches remain: a kept patch maps to itself, a fused one
+        to its cluster's token (zeros where ``num_fused_tokens=0`` dropped it). NLC returns the tokens.
+        """
+        if output_fmt != 'NCHW':
+            return super().forward_intermediates(
+                x, indices, return_prefix_tokens, norm, stop_early, output_fmt, intermediates_only,
+                output_dict, attn_mask, is_causal)
+        B, _, height, width = x.shape
+        H, W = self.patch_embed.dynamic_feat_size((height, width))
+        take_indices, _ = feature_take_indices(len(self.blocks), indices)
+        with record_token_fusion(self) as fusions:
+            out = super().forward_intermediates(
+                x, indices, return_prefix_tokens, norm, stop_early, 'NLC', intermediates_only,
+                output_dict, attn_mask, is_causal)
+            reduced = {i: f.last_record for i, f in zip(self._fusion_block_indices(), fusions) if f.last_record}
+        sources = token_sources(list(reduced.values()), H * W)
+        reductions_before = [sum(1 for j in reduced if j <= i) for i in take_indices]
+
+        def to_grid(y: torch.Tensor, num_reductions: int) -> torch.Tensor:
+            if num_reductions:
+                token = sources[num_reductions - 1]['token']
+                y = torch.cat([y, y.new_zeros(B, 1, y.shape[-1])], dim=1)  # row for dropped patches
+                y = y.gather(1, token.masked_fill(token < 0, y.shape[1] - 1).unsqueeze(-1).expand(-1, -1, y.shape[-1]))
+            return y.reshape(B, H, W, -1).permute(0, 3, 1, 2).contiguous()
+
+        if output_dict:
+            out['image_intermediates'] = [to_grid(y, r) for y, r in zip(out['image_intermediates'], reductions_before)]
+            return out
+        intermediates = out if intermediates_only else out[1]
+        if return_prefix_tokens:
+            intermediates = [(to_grid(y, r), prefix) for (y, prefix), r in zip(intermediates, reductions_before)]
+        else:
+            intermediates = [to_grid(y, r) for y, r in zip(intermediates, reductions_before)]
+        return intermediates if intermediates_only else (out[0], intermediates)
+
+
+def _create_deit_tokenfuse(variant: str, pretrained: bool = False, **kwargs) -> TokenFusionVisionTransformer:
+    out_indices = kwargs.pop('out_indices', 3)
+    return build_model_with_cfg(
+        TokenFusionVisionTransformer,
+        variant,
+        pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+        **kwargs,
+    )
+
+
+def _cfg(hf_hub_id: str, **kwargs):
+    return {
+        'hf_hub_id': hf_hub_id,
+        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
+        'crop_pct': .875, 'interpolation': 'bicubic', 'fixed_input_size': True,
+        'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
+        'first_conv': 'patch_embed.proj', 'classifier': 'head',
+        'license': 'apache-2.0',
+        **kwargs,
+    }
+
+
+# DeiT's ImageNet-1k weight files, the ones timm's deit_*_patch16_224.fb_in1k load: token fusion has no parameters
+default_cfgs = generate_default_cfgs({
+    'deit_t_tokenfuse.fb_in1k': _cfg('timm/deit_tiny_patch16_224.fb_in1k'),
+    'deit_s_tokenfuse.fb_in1k': _cfg('timm/deit_small_patch16_224.fb_in1k'),
+    'deit_b_tokenfuse.fb_in1k': _cfg('timm/deit_base_patch16_224.fb_in1k'),
+})
+
+
+@register_model
+def deit_t_tokenfuse(pretrained: bool = False, **kwargs) -> TokenFusionVisionTransformer:
+    """DeiT-Ti/16 (``deit_tiny_patch16_224``) with token fusion after blocks 4, 7, 10 at keep rate 0.7."""
+    model_args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
+    return _create_deit_tokenfuse('deit_t_tokenfuse', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def deit_s_tokenfuse(pretrained: bool = False, **kwargs) -> TokenFusionVisionTransformer:
+    """DeiT-S/16 (``deit_small_patch16_224``) with token fusion after blocks 4, 7, 10 at keep rate 0.7."""
+    model_args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6)
+    return _create_deit_tokenfuse('deit_s_tokenfuse', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def deit_b_tokenfuse(pretrained: bool = False, **kwargs) -> TokenFusionVisionTransformer:
+    """DeiT-B/16 (``deit_base_patch16_224``) with token fusion after blocks 4, 7, 10 at keep rate 0.7."""
+    model_args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12)
+    return _create_deit_tokenfuse('deit_b_tokenfuse', pretrained=pretrained, **dict(model_args, **kwargs))
