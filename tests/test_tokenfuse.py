@@ -232,3 +232,17 @@ def test_clear_errors():
         model.forward_features(torch.randn(1, 3, 32, 32), attn_mask=torch.ones(5, 5, dtype=torch.bool))
     with pytest.raises(TypeError, match='sets block_fn itself'):
         TokenFusionVisionTransformer(block_fn=Block)
+
+
+def test_fusion_maps_command_writes_a_png_per_image(tmp_path):
+    from timm_recursive.analysis.token_fusion_maps import fusion_stages, main
+    torch.manual_seed(0)
+    model = timm.create_model('deit_t_tokenfuse', **SMALL).eval()
+    stages = fusion_stages(model, torch.randn(2, 3, 96, 96))
+    assert [s['block'] for s in stages] == [3, 6, 9] and [s['num_kept'] for s in stages] == [26, 20, 16]
+    for s in stages:  # every patch is kept or in a cluster; clusters number the fused tokens
+        assert ((s['cluster'] >= 0) == s['fused']).all() and s['cluster'].max() == 1
+    assert main(['--model', 'deit_tiny_patch16_224', '--keep-rate', '0.5', '--out', str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['token_fusion.json', 'token_fusion_0.png', 'token_fusion_1.png']
+    with pytest.raises(TypeError, match='no token fusion block'):
+        fusion_stages(timm.create_model('deit_tiny_patch16_224', **SMALL), torch.randn(1, 3, 96, 96))

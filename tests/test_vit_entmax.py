@@ -1,7 +1,9 @@
 """Entmax ViTs: timm state dicts load strictly, alpha=1 is the softmax ViT, conversion, sparsity, errors."""
 import os
 
+import numpy as np
 import pytest
+from PIL import Image
 import safetensors.torch
 import torch
 
@@ -113,5 +115,11 @@ def test_sparsity_and_pca_report_files(tmp_path):
     with pytest.raises(TypeError, match='no EntmaxAttention'):
         attention_sparsity(timm.create_model('vit_tiny_patch16_224', **SMALL), images)
     out = tmp_path / 'report'
-    assert main(['--model', 'vit_tiny_patch16_224', '--num-images', '1', '--out', str(out)]) == 0
+    picture = tmp_path / 'picture.png'
+    Image.fromarray(np.random.RandomState(0).randint(0, 255, (40, 50, 3), dtype=np.uint8)).save(picture)
+    assert main(['--model', 'vit_tiny_patch16_224', '--images', str(picture), '--out', str(out)]) == 0
     assert sorted(os.listdir(out)) == ['pca_0.png', 'sparsity.json', 'sparsity.png']
+    assert main(['--model', 'vit_tiny_patch16_224', '--out', str(tmp_path / 'bundled')]) == 0  # sklearn's 2 photos
+    assert 'pca_1.png' in os.listdir(tmp_path / 'bundled')
+    with pytest.raises(ValueError, match='cannot read image'):
+        main(['--model', 'vit_tiny_patch16_224', '--images', str(tmp_path / 'missing.png'), '--out', str(out)])

@@ -22,6 +22,8 @@ from torch import nn
 
 from timm_recursive.layers import EntmaxAttention
 
+from .images import denormalise, load_images
+
 __all__ = ['attention_sparsity', 'pca_feature_maps']
 
 
@@ -83,12 +85,6 @@ def pca_feature_maps(model: nn.Module, images: torch.Tensor) -> np.ndarray:
     return comps.reshape(images.shape[0], grid_h, grid_w, 3).cpu().numpy()
 
 
-def _denormalise(images: torch.Tensor, config: dict) -> np.ndarray:
-    mean = torch.tensor(config['mean']).view(1, -1, 1, 1)
-    std = torch.tensor(config['std']).view(1, -1, 1, 1)
-    return (images * std + mean).clamp(0, 1).permute(0, 2, 3, 1).numpy()
-
-
 def write_report(model: nn.Module, images: torch.Tensor, out: str, config: dict) -> Dict:
     """``sparsity.json``, ``sparsity.png`` and ``pca_<i>.png`` for ``images`` under ``out``."""
     import matplotlib
@@ -111,7 +107,7 @@ def write_report(model: nn.Module, images: torch.Tensor, out: str, config: dict)
     plt.close(fig)
 
     maps = pca_feature_maps(model, images)
-    pictures = _denormalise(images, config)
+    pictures = denormalise(images, config)
     for i, (picture, pca) in enumerate(zip(pictures, maps)):
         fig, axes = plt.subplots(1, 2, figsize=(6, 3))
         axes[0].imshow(picture.squeeze(-1) if picture.shape[-1] == 1 else picture, cmap='gray')
@@ -128,27 +124,21 @@ def write_report(model: nn.Module, images: torch.Tensor, out: str, config: dict)
 def main(argv=None) -> int:
     import timm
     import timm_recursive  # noqa: F401
-    from timm.data import create_transform, resolve_data_config
-    from PIL import Image
+    from timm.data import resolve_data_config
 
     parser = argparse.ArgumentParser(description='Entmax attention sparsity and PCA feature maps of a ViT')
     parser.add_argument('--model', default='vit_small_entmax', help='model name (any timm ViT is converted)')
     parser.add_argument('--pretrained', action='store_true')
     parser.add_argument('--alpha', type=float, default=1.5)
-    parser.add_argument('--images', nargs='*', default=[], help='image files (default: random noise images)')
-    parser.add_argument('--num-images', type=int, default=2)
+    parser.add_argument('--images', nargs='*', default=[],
+                        help="image files (default: scikit-learn's bundled china.jpg and flower.jpg)")
     parser.add_argument('--out', required=True)
     args = parser.parse_args(argv)
 
     from timm_recursive.layers import convert_to_entmax
     model = convert_to_entmax(timm.create_model(args.model, pretrained=args.pretrained), args.alpha).eval()
     config = resolve_data_config(model=model)
-    if args.images:
-        transform = create_transform(**config)
-        images = torch.stack([transform(Image.open(p).convert('RGB')) for p in args.images])
-    else:
-        torch.manual_seed(0)
-        images = torch.randn(args.num_images, *config['input_size'])
+    images = load_images(args.images, config)
     stats = write_report(model, images, args.out, config)
     for layer, (zeros, heads) in enumerate(zip(stats['zero_fraction'], stats['support_per_head'])):
         print(f'layer {layer:2d}: {100 * zeros:5.1f}% zeros, keys kept per head '

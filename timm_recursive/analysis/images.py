@@ -1,0 +1,33 @@
+"""Images for the analysis commands: files or scikit-learn's two bundled photographs, through the model's transform."""
+from typing import Dict, List, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+__all__ = ['load_images', 'denormalise']
+
+
+def load_images(paths: Sequence[str], config: Dict) -> torch.Tensor:
+    """``paths`` (default: scikit-learn's bundled ``china.jpg`` and ``flower.jpg``, real photographs
+    available offline) as a batch transformed for a model with data config ``config``."""
+    from timm.data import create_transform
+    if not paths:
+        from sklearn.datasets import load_sample_images
+        paths = load_sample_images().filenames
+    transform = create_transform(**config)
+    images: List[torch.Tensor] = []
+    for path in paths:
+        try:
+            image = Image.open(path).convert('RGB')
+        except (OSError, ValueError) as e:
+            raise ValueError(f'cannot read image {path}: {e}') from e
+        images.append(transform(image))
+    return torch.stack(images)
+
+
+def denormalise(images: torch.Tensor, config: Dict) -> np.ndarray:
+    """Undo the transform's normalisation: (B, C, H, W) tensor -> (B, H, W, C) array in [0, 1]."""
+    mean = torch.tensor(config['mean']).view(1, -1, 1, 1)
+    std = torch.tensor(config['std']).view(1, -1, 1, 1)
+    return (images * std + mean).clamp(0, 1).permute(0, 2, 3, 1).numpy()
