@@ -191,6 +191,13 @@ def test_batch_of_one_and_other_image_sizes(batch, size):
         assert dynamic(torch.randn(batch, 3, size, size + 32)).shape == (batch, 1000)
 
 
+def test_low_precision_model_runs_and_stays_finite():
+    model = timm.create_model('deit_t_tokenfuse', **SMALL).eval().to(torch.bfloat16)
+    with torch.no_grad():
+        out = model(torch.randn(2, 3, 96, 96, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
 def test_training_backward_and_grad_checkpointing_agree():
     torch.manual_seed(0)
     model = timm.create_model('deit_t_tokenfuse', **SMALL)

@@ -14,17 +14,20 @@ earlier reduction are candidates again at the next one.
 (LayerScale, QK-norm and register tokens included), without changing its state dict keys.
 """
 import contextlib
+import functools
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import Attention, register_notrace_module
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
-from timm.models.vision_transformer import Block, VisionTransformer, checkpoint_filter_fn
+from timm.models.vision_transformer import Block, VisionTransformer
 
 from timm_recursive.layers import ClsRowAttention, TokenFusion, token_sources
+
+from ._vit_builder import create_vit_model, vit_cfg
 
 __all__ = ['TokenFusionBlock', 'TokenFusionVisionTransformer', 'apply_token_fusion', 'record_token_fusion']
 
@@ -203,29 +206,7 @@ class TokenFusionVisionTransformer(VisionTransformer):
         return intermediates if intermediates_only else (out[0], intermediates)
 
 
-def _create_deit_tokenfuse(variant: str, pretrained: bool = False, **kwargs) -> TokenFusionVisionTransformer:
-    out_indices = kwargs.pop('out_indices', 3)
-    return build_model_with_cfg(
-        TokenFusionVisionTransformer,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
-        **kwargs,
-    )
-
-
-def _cfg(hf_hub_id: str, **kwargs):
-    return {
-        'hf_hub_id': hf_hub_id,
-        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
-        'crop_pct': .875, 'interpolation': 'bicubic', 'fixed_input_size': True,
-        'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
-        'first_conv': 'patch_embed.proj', 'classifier': 'head',
-        'license': 'apache-2.0',
-        **kwargs,
-    }
-
+_cfg = functools.partial(vit_cfg, mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, crop_pct=.875)
 
 # DeiT's ImageNet-1k weight files, the ones timm's deit_*_patch16_224.fb_in1k load: token fusion has no parameters
 default_cfgs = generate_default_cfgs({
@@ -239,18 +220,18 @@ default_cfgs = generate_default_cfgs({
 def deit_t_tokenfuse(pretrained: bool = False, **kwargs) -> TokenFusionVisionTransformer:
     """DeiT-Ti/16 (``deit_tiny_patch16_224``) with token fusion after blocks 4, 7, 10 at keep rate 0.7."""
     model_args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
-    return _create_deit_tokenfuse('deit_t_tokenfuse', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_model(TokenFusionVisionTransformer, 'deit_t_tokenfuse', pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def deit_s_tokenfuse(pretrained: bool = False, **kwargs) -> TokenFusionVisionTransformer:
     """DeiT-S/16 (``deit_small_patch16_224``) with token fusion after blocks 4, 7, 10 at keep rate 0.7."""
     model_args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6)
-    return _create_deit_tokenfuse('deit_s_tokenfuse', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_model(TokenFusionVisionTransformer, 'deit_s_tokenfuse', pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def deit_b_tokenfuse(pretrained: bool = False, **kwargs) -> TokenFusionVisionTransformer:
     """DeiT-B/16 (``deit_base_patch16_224``) with token fusion after blocks 4, 7, 10 at keep rate 0.7."""
     model_args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12)
-    return _create_deit_tokenfuse('deit_b_tokenfuse', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_model(TokenFusionVisionTransformer, 'deit_b_tokenfuse', pretrained, **dict(model_args, **kwargs))

@@ -9,11 +9,15 @@ initialisations to fine-tune from, not entmax-trained weights.
 
 ``convert_to_entmax(model, alpha)`` (``timm_recursive.layers``) does the same to any timm ViT in place.
 """
+import functools
+
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+from timm.models import generate_default_cfgs, register_model
+from timm.models.vision_transformer import VisionTransformer
 
 from timm_recursive.layers import EntmaxAttention, convert_to_entmax
+
+from ._vit_builder import create_vit_model, vit_cfg
 
 __all__ = ['EntmaxVisionTransformer']
 
@@ -35,29 +39,7 @@ class EntmaxVisionTransformer(VisionTransformer):
         convert_to_entmax(self, alpha)
 
 
-def _create_vit_entmax(variant: str, pretrained: bool = False, **kwargs) -> EntmaxVisionTransformer:
-    out_indices = kwargs.pop('out_indices', 3)
-    return build_model_with_cfg(
-        EntmaxVisionTransformer,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
-        **kwargs,
-    )
-
-
-def _cfg(hf_hub_id: str, **kwargs):
-    return {
-        'hf_hub_id': hf_hub_id,
-        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
-        'crop_pct': .9, 'interpolation': 'bicubic', 'fixed_input_size': True,
-        'mean': IMAGENET_INCEPTION_MEAN, 'std': IMAGENET_INCEPTION_STD,
-        'first_conv': 'patch_embed.proj', 'classifier': 'head',
-        'license': 'apache-2.0',
-        **kwargs,
-    }
-
+_cfg = functools.partial(vit_cfg, mean=IMAGENET_INCEPTION_MEAN, std=IMAGENET_INCEPTION_STD, crop_pct=.9)
 
 # softmax-trained weight files of timm's matching ViTs: initialisations to fine-tune with entmax
 default_cfgs = generate_default_cfgs({
@@ -74,18 +56,18 @@ default_cfgs = generate_default_cfgs({
 def vit_tiny_entmax(pretrained: bool = False, **kwargs) -> EntmaxVisionTransformer:
     """ViT-Ti/16 (the ``vit_tiny_patch16_224`` architecture) with entmax-1.5 attention."""
     model_args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
-    return _create_vit_entmax('vit_tiny_entmax', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_model(EntmaxVisionTransformer, 'vit_tiny_entmax', pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def vit_small_entmax(pretrained: bool = False, **kwargs) -> EntmaxVisionTransformer:
     """ViT-S/16 (the ``vit_small_patch16_224`` architecture) with entmax-1.5 attention."""
     model_args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6)
-    return _create_vit_entmax('vit_small_entmax', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_model(EntmaxVisionTransformer, 'vit_small_entmax', pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def vit_base_entmax(pretrained: bool = False, **kwargs) -> EntmaxVisionTransformer:
     """ViT-B/16 (the ``vit_base_patch16_224`` architecture) with entmax-1.5 attention."""
     model_args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12)
-    return _create_vit_entmax('vit_base_entmax', pretrained=pretrained, **dict(model_args, **kwargs))
+    return create_vit_model(EntmaxVisionTransformer, 'vit_base_entmax', pretrained, **dict(model_args, **kwargs))
