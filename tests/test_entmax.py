@@ -97,3 +97,68 @@ def test_bad_arguments():
         entmax_bisect(torch.zeros(2, 3), 1.0)
     with pytest.raises(TypeError, match='floating point'):
         entmax15(torch.zeros(2, 3, dtype=torch.long))
+
+
+@pytest.fixture
+def cpu_kernel(monkeypatch):
+    """The compiled row kernel (built once per machine, cached); these tests fail if it cannot be built."""
+    from timm_recursive.layers import entmax_kernel
+    monkeypatch.setenv('TIMM_RECURSIVE_ENTMAX_KERNEL', 'cpp')
+    return entmax_kernel.cpu_kernel()
+
+
+def _python_solver(monkeypatch, fn, *args):
+    with monkeypatch.context() as m:
+        m.setenv('TIMM_RECURSIVE_ENTMAX_KERNEL', 'python')
+        return fn(*args)
+
+
+@pytest.mark.parametrize('shape,scale', [((3, 5, 197, 197), 0.5), ((64, 7), 3.), ((10, 1), 1.), ((4, 1000), 0.02),
+                                         ((6, 33), 40.)])
+def test_cpu_kernel_matches_the_exact_solution_and_the_tensor_solver(cpu_kernel, monkeypatch, shape, scale):
+    x = _scores(*shape, scale=scale)
+    p = cpu_kernel.forward(x)
+    exact = entmax_ref.entmax15(x.double(), dim=-1)
+    assert (p.double() - exact).abs().max() < 1e-5  # the issue's bar; measured ~1e-6 in float32
+    assert (p.sum(-1) - 1).abs().max() < 1e-5 and (p >= 0).all()
+    assert torch.equal(p > 0, exact > 1e-12) or (p > 0).ne(exact > 0).sum() <= 2  # boundary ties only
+    # through autograd: kernel forward + backward against the tensor-level solver
+    dy = _scores(*shape, seed=1)
+    xk = x.clone().requires_grad_()
+    (entmax15(xk) * dy).sum().backward()
+    xp = x.clone().requires_grad_()
+    yp = _python_solver(monkeypatch, entmax15, xp)
+    with monkeypatch.context() as m:
+        m.setenv('TIMM_RECURSIVE_ENTMAX_KERNEL', 'python')
+        (yp * dy).sum().backward()
+    torch.testing.assert_close(xk.grad, xp.grad, rtol=1e-3, atol=1e-5)  # support boundary rounding
+
+
+def test_cpu_kernel_handles_masked_scores_and_other_dims(cpu_kernel):
+    x = _scores(4, 9, 20)
+    x[..., 5:] = float('-inf')  # masked keys get exact zeros
+    p = entmax15(x)
+    assert (p[..., 5:] == 0).all() and torch.allclose(p.sum(-1), torch.ones(4, 9))
+    torch.testing.assert_close(entmax15(x.transpose(1, 2), dim=1), p.transpose(1, 2))
+    assert entmax15(torch.zeros(3, 0)).shape == (3, 0)
+
+
+def test_kernel_modes_and_fallback(monkeypatch):
+    from timm_recursive.layers import entmax_kernel
+    monkeypatch.setenv('TIMM_RECURSIVE_ENTMAX_KERNEL', 'python')
+    assert entmax_kernel.cpu_kernel() is None and not entmax_kernel.use_cpu_kernel(torch.zeros(2, 3))
+    monkeypatch.setenv('TIMM_RECURSIVE_ENTMAX_KERNEL', 'fast')
+    with pytest.raises(ValueError, match='TIMM_RECURSIVE_ENTMAX_KERNEL must be one of'):
+        entmax15(torch.zeros(2, 3))
+
+    def no_compiler():
+        raise OSError('no C++ compiler found')
+    monkeypatch.setattr(entmax_kernel, '_build', no_compiler)
+    monkeypatch.setattr(entmax_kernel, '_loaded', {})
+    monkeypatch.setenv('TIMM_RECURSIVE_ENTMAX_KERNEL', 'auto')
+    with pytest.warns(RuntimeWarning, match='no C.. compiler found.*tensor-level solver'):
+        p = entmax15(_scores(3, 8))
+    torch.testing.assert_close(p.sum(-1), torch.ones(3))
+    monkeypatch.setenv('TIMM_RECURSIVE_ENTMAX_KERNEL', 'cpp')
+    with pytest.raises(RuntimeError, match='cannot build the entmax-1.5 CPU kernel'):
+        entmax15(_scores(3, 8))

@@ -123,3 +123,27 @@ def test_sparsity_and_pca_report_files(tmp_path):
     assert 'pca_1.png' in os.listdir(tmp_path / 'bundled')
     with pytest.raises(ValueError, match='cannot read image'):
         main(['--model', 'vit_tiny_patch16_224', '--images', str(tmp_path / 'missing.png'), '--out', str(out)])
+
+
+def test_cuda_runs_adasplash_kernel_when_installed(monkeypatch):
+    """The dispatch to adasplash's fused kernel (no GPU here: the kernel is stood in for by the reference)."""
+    from timm_recursive.layers import entmax_attention
+    from timm_recursive.layers.entmax_ops import entmax15
+    calls = []
+
+    def fake_adasplash(q, k, v, alpha, is_causal):
+        calls.append((alpha, is_causal, q.is_contiguous() and k.is_contiguous() and v.is_contiguous()))
+        return entmax15((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)) @ v
+
+    monkeypatch.setattr(entmax_attention, '_adasplash', lambda: fake_adasplash)
+    monkeypatch.setattr(entmax_attention, '_use_adasplash', lambda q: True)  # as if q were on CUDA
+    torch.manual_seed(0)
+    attn = EntmaxAttention(64, num_heads=4).eval()
+    x = torch.randn(2, 9, 64)
+    with torch.no_grad():
+        fused = attn(x)
+        assert calls == [(1.5, False, True)]
+        attn.track_sparsity = True  # needs the probabilities: the unfused path
+        unfused = attn(x)
+    assert len(calls) == 1
+    torch.testing.assert_close(fused, unfused)

@@ -5,8 +5,14 @@ state dict of a timm ViT loads into it; ``alpha=1`` is softmax through the fused
 ``alpha`` in (1, 2] gives sparse attention maps (1.5: entmax-1.5, 2: sparsemax) with no new
 parameters. With ``track_sparsity = True`` the layer keeps the statistics of its last forward in
 ``last_sparsity``: the fraction of exact zeros and the mean support size per query row.
+
+On CUDA, when the optional ``adasplash`` package (Triton flash entmax attention) is installed, the
+layer runs its fused kernel instead of materialising the scores (no mask, no attention dropout, no
+sparsity tracking, timm's default scale; ``TIMM_RECURSIVE_ENTMAX_KERNEL=python`` turns it off).
 """
-from typing import Dict, Optional
+import functools
+import os
+from typing import Callable, Dict, Optional
 
 import torch
 from torch import nn
@@ -25,6 +31,28 @@ __all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax']
 def attention_probs(scores: torch.Tensor, alpha: float) -> torch.Tensor:
     """Attention probabilities of ``scores`` over the last dim: softmax at alpha = 1, else alpha-entmax."""
     return entmax(scores, alpha, dim=-1)
+
+
+@functools.lru_cache(maxsize=None)
+def _adasplash() -> Optional[Callable]:
+    try:
+        import adasplash
+    except ImportError:
+        return None
+    # adasplash_v1 (0.2+) / adasplash (0.1) is the non-causal kernel for any alpha; scale 1/sqrt(head_dim)
+    return getattr(adasplash, 'adasplash_v1', None) or getattr(adasplash, 'adasplash', None)
+
+
+@torch.jit.ignore
+def _use_adasplash(q: torch.Tensor) -> bool:
+    return q.is_cuda and os.environ.get('TIMM_RECURSIVE_ENTMAX_KERNEL', 'auto') != 'python' and _adasplash() is not None
+
+
+@register_notrace_function
+@torch.jit.ignore
+def adasplash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: float) -> torch.Tensor:
+    """alpha-entmax attention of (B, heads, N, head_dim) q, k, v by adasplash's fused Triton kernel."""
+    return _adasplash()(q.contiguous(), k.contiguous(), v.contiguous(), alpha=alpha, is_causal=False)
 
 
 class EntmaxAttention(ProjectedAttention):
@@ -63,6 +91,10 @@ class EntmaxAttention(ProjectedAttention):
             x = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.,
                 is_causal=is_causal)
+        elif (attn_mask is None and not is_causal and not self.track_sparsity
+              and not (self.training and self.attn_drop.p > 0.) and self.scale == self.head_dim ** -0.5
+              and _use_adasplash(q)):
+            x = adasplash_attention(q, k, v, self.alpha)
         else:
             scores = (q * self.scale) @ k.transpose(-2, -1)
             scores = maybe_add_mask(scores, resolve_self_attn_mask(N, scores, attn_mask, is_causal))

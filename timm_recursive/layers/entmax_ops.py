@@ -9,7 +9,8 @@ thresholds lose the normalisation and give NaN. The result is cast back to the i
 
 * ``entmax15`` (alpha = 1.5, ``p = [x/2 - tau]_+^2``): Newton steps on the threshold from below,
   where the support can only shrink, then the threshold solved *exactly* on the support found
-  (a quadratic); no sort.
+  (a quadratic); no sort. On float32 CPU tensors both directions run in a compiled row-at-a-time
+  kernel (``entmax_kernel``, same algorithm, built on first use) unless it cannot be built.
 * ``entmax_bisect`` (any alpha in (1, 2]): bisection on the threshold, then the same exact solve
   for alpha = 1.5 and 2 (sparsemax, linear) and a final Newton step for other alphas.
 
@@ -17,6 +18,9 @@ The backward is closed form (Peters et al., 2019): with ``g = p^(2 - alpha)`` on
 ``dx = g * dy - g * sum(g * dy) / sum(g)``.
 """
 import torch
+
+from . import entmax_kernel
+from .entmax_kernel import use_cpu_kernel
 
 __all__ = ['entmax15', 'entmax_bisect', 'entmax', 'Entmax15Function', 'EntmaxBisectFunction']
 
@@ -45,7 +49,11 @@ def _solve_on_support(z: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
 
 
 def _entmax15_forward(x: torch.Tensor) -> torch.Tensor:
-    """entmax-1.5 along the last dim, float32."""
+    """entmax-1.5 along the last dim, float32 or float64: the compiled row kernel where it applies."""
+    if use_cpu_kernel(x):
+        return entmax_kernel.cpu_kernel().forward(x)
+    if x.shape[-1] == 0:
+        return x.clone()
     z = x / 2
     z = z - z.amax(-1, keepdim=True)  # max 0: tau lies in [-1, 0)
     tau = torch.full_like(z[..., :1], -1.)
@@ -91,6 +99,8 @@ def _entmax_bisect_forward(x: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def _entmax_backward(p: torch.Tensor, dp: torch.Tensor, alpha: float) -> torch.Tensor:
+    if alpha == 1.5 and use_cpu_kernel(p):
+        return entmax_kernel.cpu_kernel().backward(p, dp)
     g = p.sqrt() if alpha == 1.5 else torch.where(p > 0, p.pow(2. - alpha), torch.zeros_like(p))
     dx = g * dp
     return dx - g * (dx.sum(-1, keepdim=True) / g.sum(-1, keepdim=True))
