@@ -11,7 +11,8 @@ Times, forward + backward, median of ``--repeats`` interleaved repeats:
 * the whole ViT-S/16 at 224 px: ``vit_small_patch16_224`` (softmax SDPA) vs ``vit_small_entmax``
   with our entmax vs with the package's.
 
-It also reports the largest difference between our solution and the package's exact one on the
+Our entmax-1.5 is the compiled CPU row kernel unless ``TIMM_RECURSIVE_ENTMAX_KERNEL=python``
+(the report says which). It also reports the largest difference between our solution and the package's exact one on the
 benchmark's scores. Anchors from DESIGN.md: the package costs +47% on the whole model, a quick
 bisection +20%.
 """
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.layers import entmax15
-from timm_recursive.layers import entmax_attention
+from timm_recursive.layers import entmax_attention, entmax_kernel
 from timm_recursive.analysis.timing import median_seconds
 
 
@@ -99,13 +100,15 @@ def main():
         base = next(iter(medians.values()))
         results[group] = {name: {'seconds': t, 'vs_softmax': t / base} for name, t in medians.items()}
 
+    solver = 'compiled CPU row kernel' if entmax_kernel.cpu_kernel() is not None else 'tensor-level solver'
     report = {'batch_size': args.batch_size, 'repeats': args.repeats, 'threads': torch.get_num_threads(),
+              'solver': solver,
               'torch': torch.__version__, 'max_error_vs_exact': error, 'results': results}
     if args.json:
         print(json.dumps(report, indent=2))
         return
     print(f'batch {args.batch_size}, {torch.get_num_threads()} threads, median of {args.repeats} interleaved '
-          f'repeats, forward + backward; max |ours - exact| = {error}')
+          f'repeats, forward + backward; ours: {solver}; max |ours - exact| = {error}')
     for group, rows in results.items():
         print(f'\n{group}:')
         for name, r in rows.items():
