@@ -1,0 +1,97 @@
+"""Recursion traces and the report command: tracing changes nothing, the statistics are consistent, files are written."""
+import json
+
+import pytest
+import torch
+
+import timm
+import timm_recursive  # noqa: F401
+from timm_recursive.analysis.recursion_trace import RecursionTrace, RecursionTracer
+from timm_recursive.report import PLOTS, main
+
+
+def _model(name, **kwargs):
+    torch.manual_seed(0)
+    return timm.create_model(name, num_classes=5, in_chans=1, num_steps=7, topk=4, **kwargs).eval()
+
+
+def _trace(model, batches=2):
+    torch.manual_seed(1)
+    data = [(torch.randn(6, 1, 16, 16), torch.randint(0, 5, (6,))) for _ in range(batches)]
+    with torch.no_grad():
+        plain = [model.forward_steps(x)[0] for x, _ in data]
+        with RecursionTracer(model) as tracer:
+            traced = [model.forward_steps(x)[0] for x, _ in data]
+            for logits, (_, labels) in zip(traced, data):
+                tracer.record_predictions(logits, labels)
+    return plain, traced, tracer.result(), data
+
+
+@pytest.mark.parametrize('name', ['recursive_dsa_moe_tiny', 'recursive_sa_mlp_tiny'])
+def test_tracing_changes_no_output_and_costs_nothing_after(name):
+    model = _model(name)
+    plain, traced, trace, _ = _trace(model)
+    for a, b in zip(plain, traced):
+        assert torch.equal(a, b)
+    assert all(not m._forward_hooks for m in model.modules())  # hooks removed on exit
+    assert trace.num_images == 12 and trace.num_steps == 7 and len(trace.accuracy) == 7
+
+
+def test_role_masses_and_routing_shares_sum_to_one_and_sparsity_is_as_analysed():
+    trace = _trace(_model('recursive_dsa_moe_tiny'))[2]
+    for layer in range(trace.num_layers):
+        for t in range(trace.num_steps):
+            rows = torch.tensor(trace.role_attention[layer][t])
+            assert rows.shape == (3, 3) and torch.allclose(rows.sum(-1), torch.ones(3), atol=1e-5)
+            shares = torch.tensor(trace.expert_share[layer][t])
+            assert torch.allclose(shares.sum(-1), torch.ones(3), atol=1e-6)
+            assert abs(sum(trace.expert_load[layer][t]) - 1) < 1e-6
+            assert abs(sum(trace.router_prob[layer][t]) - 1) < 1e-5
+            L = t + 3
+            selected = torch.tensor(trace.selected_keys[layer][t])  # (role, L): each query keeps min(k, L) keys
+            assert selected.shape == (3, L) and torch.allclose(selected.sum(-1), torch.full((3,), float(min(4, L))))
+            assert trace.attention_sparsity[layer][t] == pytest.approx(trace.analytic_sparsity[t], abs=1e-6)
+    assert trace.analytic_sparsity[:2] == [0., 0.] and trace.analytic_sparsity[-1] == pytest.approx(1 - 4 / 9)
+    dense = _trace(_model('recursive_sa_mlp_tiny'))[2]
+    assert dense.topk is None and dense.expert_share == [[], []] and dense.selected_keys == [[], []]
+    assert all(s == 0 for layer in dense.attention_sparsity for s in layer)  # softmax: no exact zeros
+
+
+def test_prediction_changes_add_up():
+    _, traced, trace, data = _trace(_model('recursive_dsa_moe_tiny', y_embed='soft'))
+    preds = torch.cat([logits.argmax(-1) for logits in traced], dim=1)
+    labels = torch.cat([y for _, y in data])
+    right = (preds == labels).float()
+    assert trace.accuracy == pytest.approx(right.mean(1).tolist(), abs=1e-6)  # stored to 6 decimals
+    for t in range(trace.num_steps - 1):
+        gain = trace.accuracy[t + 1] - trace.accuracy[t]
+        assert trace.corrections[t] - trace.regressions[t] == pytest.approx(gain, abs=1e-6)
+        assert trace.corrections[t] + trace.regressions[t] + trace.wrong_to_wrong[t] == pytest.approx(trace.changed[t])
+
+
+def test_trace_saves_and_loads_as_json(tmp_path):
+    trace = _trace(_model('recursive_dsa_moe_tiny'))[2]
+    trace.save(str(tmp_path / 'trace.json'))
+    assert RecursionTrace.load(str(tmp_path / 'trace.json')) == trace
+    (tmp_path / 'bad.json').write_text(json.dumps({'model': 'x'}))
+    with pytest.raises(ValueError, match='not a recursion trace'):
+        RecursionTrace.load(str(tmp_path / 'bad.json'))
+    with pytest.raises(TypeError, match='need a RecursiveClassifier'):
+        RecursionTracer(timm.create_model('resnet10t'))
+
+
+def test_report_runs_end_to_end_and_writes_every_file(tmp_path, capsys):
+    out = tmp_path / 'report'
+    args = ['--model', 'recursive_dsa_moe_tiny', '--model-kwargs', 'num_steps=6', 'topk=4', '--dataset', 'digits',
+            '--num-images', '40', '--out', str(out), '--no-progress']
+    assert main(args) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(['trace.json', 'report.md', *PLOTS])
+    report = (out / 'report.md').read_text()
+    assert '| 6 | 8 |' in report and 'python -m timm_recursive.report --model recursive_dsa_moe_tiny' in report
+    assert RecursionTrace.load(str(out / 'trace.json')).num_images == 40
+    mlp = tmp_path / 'mlp'
+    assert main(['--model', 'recursive_sa_mlp_tiny', '--dataset', 'digits', '--num-images', '20', '--out', str(mlp),
+                 '--no-progress']) == 0
+    assert not (mlp / 'expert_routing.png').exists() and 'No MoE layer' in (mlp / 'report.md').read_text()
+    assert main(['--model', 'resnet10t', '--dataset', 'digits', '--out', str(tmp_path / 'x')]) == 2
+    assert 'need a RecursiveClassifier' in capsys.readouterr().err

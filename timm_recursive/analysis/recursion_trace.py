@@ -1,0 +1,245 @@
+"""What happens inside a recursive classifier, step by step: a trace recorded through forward hooks.
+
+``RecursionTracer(model)`` hooks every attention and MoE layer of a ``RecursiveClassifier`` (the
+model itself is not changed, and nothing runs while no tracer is active). Inside the ``with``
+block, every ``forward_steps`` call adds its batch to running sums; ``tracer.record_predictions(
+step_logits, labels)`` adds the predictions; ``tracer.result()`` returns a ``RecursionTrace``.
+
+Token roles: position 0 is the image summary, 1 the hypothesis, 2.. the history (``ROLES``). Step t
+(counting from 1) runs over t + 2 tokens. What the trace holds, averaged over the traced images:
+
+* per step: accuracy (with labels), mean confidence (max probability), and for every step after the
+  first the fraction of predictions that changed, split into corrections (wrong -> right),
+  regressions (right -> wrong) and wrong -> other wrong;
+* per layer and step: ``role_attention[l][t][q][k]``, the attention mass a query of role q gives to
+  the keys of role k (averaged over heads; every row sums to 1); ``attention_sparsity[l][t]``, the
+  measured fraction of keys a query gives exactly zero attention, next to ``analytic_sparsity[t]``,
+  ``1 - min(k, L) / L`` for DSA layers; for DSA layers ``selected_keys[l][t][q][j]``, the fraction of
+  role-q queries whose top-k selection includes key position j;
+* per MoE layer and step: ``expert_share[l][t][r][e]``, the share of role-r tokens' expert slots routed
+  to expert e (rows sum to 1), ``expert_load[l][t][e]`` (all tokens), ``router_prob[l][t][e]`` (mean
+  router probability) and ``balance_loss[l][t]`` (the layer's auxiliary loss).
+
+``trace.save(path)`` / ``RecursionTrace.load(path)`` write and read it as JSON.
+"""
+import dataclasses
+import json
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+from timm.layers import Attention
+
+from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts
+
+__all__ = ['ROLES', 'RecursionTrace', 'RecursionTracer', 'key_roles']
+
+ROLES = ('summary', 'hypothesis', 'history')
+
+
+def key_roles(seq_len: int, device=None) -> torch.Tensor:
+    """Role index of every token position: 0 summary, 1 hypothesis, 2 history."""
+    return torch.arange(seq_len, device=device).clamp(max=2)
+
+
+@dataclasses.dataclass
+class RecursionTrace:
+    """Step-by-step statistics of a recursive classifier on a set of images; see the module docstring."""
+    model: str
+    num_steps: int
+    num_layers: int
+    num_images: int
+    attention_type: List[str]  # per layer: 'dsa' or 'dense'
+    topk: Optional[int]
+    accuracy: Optional[List[float]]
+    confidence: List[float]
+    changed: List[float]  # transitions t -> t + 1, t = 1 .. T - 1
+    corrections: List[float]
+    regressions: List[float]
+    wrong_to_wrong: List[float]
+    role_attention: List[List[List[List[float]]]]
+    attention_sparsity: List[List[float]]
+    analytic_sparsity: List[float]
+    selected_keys: List[List[List[List[float]]]]  # empty list for dense layers
+    expert_share: List[List[List[List[float]]]]  # empty list for layers without MoE
+    expert_load: List[List[List[float]]]
+    router_prob: List[List[List[float]]]
+    balance_loss: List[List[float]]
+    roles: List[str] = dataclasses.field(default_factory=lambda: list(ROLES))
+
+    def save(self, path: str) -> None:
+        from timm_recursive.training import write_json_atomic
+        write_json_atomic(path, dataclasses.asdict(self))
+
+    @classmethod
+    def load(cls, path: str) -> 'RecursionTrace':
+        with open(path) as f:
+            data = json.load(f)
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = names - set(data) - {'roles'}
+        if missing:
+            raise ValueError(f'{path} is not a recursion trace: missing {sorted(missing)}')
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class _Sums:
+    """Running sums and counts keyed by (layer, step)."""
+
+    def __init__(self):
+        self.sums: Dict[tuple, torch.Tensor] = {}
+        self.counts: Dict[tuple, torch.Tensor] = {}
+
+    def add(self, key: tuple, total: torch.Tensor, count) -> None:
+        total = total.detach().double().cpu()
+        count = torch.as_tensor(count, dtype=torch.float64).cpu()
+        if key in self.sums:
+            self.sums[key] += total
+            self.counts[key] += count
+        else:
+            self.sums[key], self.counts[key] = total.clone(), count.clone()
+
+    def mean(self, key: tuple) -> Optional[torch.Tensor]:
+        if key not in self.sums:
+            return None
+        return self.sums[key] / self.counts[key].clamp_min(1)
+
+
+def _attention_probs(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The attention probabilities the layer applied to input ``x`` (B, L, C), as (B, L, heads, L)."""
+    B, L, C = x.shape
+    if isinstance(module, DynamicSparseAttention):
+        q, kv, scores = module._project(x)
+        k = kv[..., :module.head_dim]
+        logits = torch.einsum('blhd,bjd->blhj', q, k) * module.scale
+        if L > module.topk:  # only the indexer's top-k keys take part in the softmax
+            keep = torch.zeros_like(scores, dtype=torch.bool).scatter(
+                -1, scores.topk(module.topk, dim=-1).indices, True)
+            logits = logits.masked_fill(~keep.unsqueeze(2), float('-inf'))
+        return logits.softmax(dim=-1)
+    qkv = module.qkv(x).reshape(B, L, 3, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4)
+    q, k = module.q_norm(qkv[0]), module.k_norm(qkv[1])
+    return ((q * module.scale) @ k.transpose(-2, -1)).softmax(dim=-1).transpose(1, 2)
+
+
+class RecursionTracer:
+    """Records a ``RecursionTrace`` of a ``RecursiveClassifier`` through forward hooks; see the module docstring."""
+
+    def __init__(self, model: nn.Module, name: str = ''):
+        from timm_recursive.models import RecursiveClassifier
+        if not isinstance(model, RecursiveClassifier):
+            raise TypeError(f'recursion traces need a RecursiveClassifier, got {type(model).__name__}')
+        if model.num_classes == 0:
+            raise ValueError('recursion traces need a classifier (num_classes > 0): the steps feed back predictions')
+        self.model = model
+        self.name = name or getattr(model, 'pretrained_cfg', {}).get('architecture', type(model).__name__)
+        self._hooks: List = []
+        self._attn = _Sums()  # (layer, step, what) -> sums
+        self._moe = _Sums()
+        self._pred = _Sums()
+        self._num_images = 0
+
+    # hooks ---------------------------------------------------------------------------------------
+    def _attention_hook(self, layer: int):
+        def hook(module, inputs, output):
+            x = inputs[0]
+            L = x.shape[1]
+            step = L - 2
+            probs = _attention_probs(module, x).float()  # (B, L, H, L)
+            roles = key_roles(L, x.device)
+            mass = torch.zeros(*probs.shape[:3], 3, device=x.device).index_add_(-1, roles, probs)  # (B, L, H, 3)
+            per_query = mass.mean(dim=(0, 2))  # (L, 3), rows sum to 1
+            query_counts = torch.bincount(roles, minlength=3).float()
+            by_role = torch.zeros(3, 3, device=x.device).index_add_(0, roles, per_query)
+            B = x.shape[0]
+            self._attn.add((layer, step, 'roles'), by_role * B, query_counts.unsqueeze(1).expand(3, 3) * B)
+            zeros = (probs == 0).float().mean(dim=-1)  # (B, L, H)
+            self._attn.add((layer, step, 'sparsity'), zeros.sum(), zeros.numel())
+            if isinstance(module, DynamicSparseAttention):
+                selected = (probs > 0).any(dim=2).float().sum(0)  # (L queries, L keys): images selecting
+                by_query_role = torch.zeros(3, L, device=x.device).index_add_(0, roles, selected)
+                self._attn.add((layer, step, 'selected'), by_query_role, (query_counts * B).unsqueeze(1).expand(3, L))
+        return hook
+
+    def _moe_hook(self, layer: int):
+        def hook(module, inputs, output):
+            x = inputs[0]
+            B, L, C = x.shape
+            step = L - 2
+            _, probs, _, experts = module.route(x.reshape(-1, C))  # (B*L, E), (B*L, m)
+            E, m = module.num_experts, experts.shape[-1]
+            token_roles = key_roles(L, x.device).repeat(B)  # (B*L,)
+            slots = torch.zeros(B * L, E, device=x.device).scatter_add_(
+                1, experts, torch.ones_like(experts, dtype=torch.float))  # assignments per token and expert
+            share = torch.zeros(3, E, device=x.device).index_add_(0, token_roles, slots)
+            role_slots = torch.bincount(token_roles, minlength=3).float() * m
+            self._moe.add((layer, step, 'share'), share, role_slots.unsqueeze(1).expand(3, E))
+            self._moe.add((layer, step, 'load'), slots.sum(0), B * L * m)
+            self._moe.add((layer, step, 'router'), probs.float().sum(0), B * L)
+            self._moe.add((layer, step, 'balance'), output[1].float() * B, B)
+        return hook
+
+    def __enter__(self) -> 'RecursionTracer':
+        for layer, block in enumerate(self.model.blocks):
+            self._hooks.append(block.attn.register_forward_hook(self._attention_hook(layer)))
+            if block.moe is not None:
+                self._hooks.append(block.moe.register_forward_hook(self._moe_hook(layer)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    # predictions --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def record_predictions(self, step_logits: torch.Tensor, labels: Optional[torch.Tensor] = None) -> None:
+        """Add a batch's ``forward_steps`` logits (T, B, classes) and, when known, its labels (B,)."""
+        T, B = step_logits.shape[:2]
+        probs = step_logits.float().softmax(dim=-1)
+        confidence, pred = probs.max(dim=-1)  # (T, B)
+        self._num_images += B
+        self._pred.add(('confidence',), confidence.sum(1), B)
+        self._pred.add(('changed',), (pred[1:] != pred[:-1]).float().sum(1), B)
+        if labels is not None:
+            right = pred == labels.to(pred.device).view(1, -1)
+            self._pred.add(('accuracy',), right.float().sum(1), B)
+            self._pred.add(('corrections',), (~right[:-1] & right[1:]).float().sum(1), B)
+            self._pred.add(('regressions',), (right[:-1] & ~right[1:]).float().sum(1), B)
+            other_wrong = ~right[:-1] & ~right[1:] & (pred[1:] != pred[:-1])
+            self._pred.add(('wrong_to_wrong',), other_wrong.float().sum(1), B)
+
+    # result ---------------------------------------------------------------------------------------
+    def result(self) -> RecursionTrace:
+        if self._num_images == 0:
+            raise ValueError('nothing traced: run forward_steps and record_predictions inside the tracer')
+        model = self.model
+        T, layers = model.num_steps, len(model.blocks)
+        steps = range(1, T + 1)
+
+        def per_step(sums: _Sums, layer: int, what: str, empty) -> list:
+            values = [sums.mean((layer, t, what)) for t in steps]
+            return [v.tolist() if v is not None else empty for v in values]
+
+        def predictions(what: str) -> Optional[List[float]]:
+            value = self._pred.mean((what,))
+            return None if value is None else [round(v, 6) for v in value.tolist()]
+
+        dsa = [isinstance(b.attn, DynamicSparseAttention) for b in model.blocks]
+        topk = next((b.attn.topk for b in model.blocks if isinstance(b.attn, DynamicSparseAttention)), None)
+        analytic = [1. - min(topk, t + 2) / (t + 2) if topk is not None else 0. for t in steps]
+        with_moe = [isinstance(b.moe, MixtureOfExperts) for b in model.blocks]
+        return RecursionTrace(
+            model=self.name, num_steps=T, num_layers=layers, num_images=self._num_images,
+            attention_type=['dsa' if d else 'dense' for d in dsa], topk=topk,
+            accuracy=predictions('accuracy'), confidence=predictions('confidence'),
+            changed=predictions('changed') or [], corrections=predictions('corrections') or [],
+            regressions=predictions('regressions') or [], wrong_to_wrong=predictions('wrong_to_wrong') or [],
+            role_attention=[per_step(self._attn, l, 'roles', []) for l in range(layers)],
+            attention_sparsity=[per_step(self._attn, l, 'sparsity', None) for l in range(layers)],
+            analytic_sparsity=analytic,
+            selected_keys=[per_step(self._attn, l, 'selected', []) if dsa[l] else [] for l in range(layers)],
+            expert_share=[per_step(self._moe, l, 'share', []) if with_moe[l] else [] for l in range(layers)],
+            expert_load=[per_step(self._moe, l, 'load', []) if with_moe[l] else [] for l in range(layers)],
+            router_prob=[per_step(self._moe, l, 'router', []) if with_moe[l] else [] for l in range(layers)],
+            balance_loss=[per_step(self._moe, l, 'balance', None) if with_moe[l] else [] for l in range(layers)],
+        )

@@ -1,0 +1,278 @@
+"""A report on what a recursive classifier does step by step: ``python -m timm_recursive.report``.
+
+    python -m timm_recursive.report --checkpoint runs/demo --dataset digits --out reports/demo
+    python -m timm_recursive.report --model recursive_dsa_moe_tiny.fashion_mnist --pretrained \\
+        --dataset fashion_mnist --out reports/fm
+
+Traces the model (``timm_recursive.analysis.recursion_trace``) on up to ``--num-images`` images of
+the evaluation split and writes to ``--out``: ``trace.json``, ``report.md`` and the plots
+``accuracy_per_step.png`` (test accuracy against recursion step), ``sparsity_per_step.png``
+(measured and analytic attention sparsity, the dense-to-sparse crossover marked),
+``role_attention.png`` (query-role x key-role attention mass per layer, at several steps),
+``expert_routing.png`` (expert x step share per token role and MoE layer; MoE models only) and
+``prediction_changes.png`` (how often the prediction changes between steps: corrections,
+regressions, wrong to other wrong).
+"""
+import argparse
+import os
+import shlex
+import sys
+from typing import List, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from timm.utils import ParseKwargs
+
+from timm_recursive.analysis.recursion_trace import ROLES, RecursionTrace, RecursionTracer
+
+__all__ = ['trace_dataset', 'write_report']
+
+PLOTS = ('accuracy_per_step.png', 'sparsity_per_step.png', 'role_attention.png', 'expert_routing.png',
+         'prediction_changes.png')
+
+
+@torch.no_grad()
+def trace_dataset(model, loader, name: str = '', progress: bool = True, device='cpu') -> RecursionTrace:
+    """Trace ``model`` over every batch of ``loader`` (``pixel_values`` and ``label``)."""
+    from tqdm.auto import tqdm
+    model.eval()
+    with RecursionTracer(model, name) as tracer:
+        for batch in tqdm(loader, desc='tracing', disable=not progress):
+            step_logits, _ = model.forward_steps(batch['pixel_values'].to(device))
+            tracer.record_predictions(step_logits, batch['label'].to(device))
+    return tracer.result()
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _shown_steps(num_steps: int, most: int = 6) -> List[int]:
+    """Up to ``most`` steps (counting from 1), evenly spread, first and last included."""
+    return sorted(set(np.linspace(1, num_steps, min(most, num_steps)).round().astype(int).tolist()))
+
+
+def _crossover_step(trace: RecursionTrace) -> Optional[int]:
+    """First step whose sequence (t + 2 tokens) is longer than DSA's k: from there attention is sparse."""
+    return None if trace.topk is None else max(1, trace.topk - 1)
+
+
+def plot_accuracy(trace: RecursionTrace, path: str) -> None:
+    plt = _plt()
+    steps = np.arange(1, trace.num_steps + 1)
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    if trace.accuracy is not None:
+        ax.plot(steps, 100 * np.asarray(trace.accuracy), 'o-', label='top-1 accuracy')
+    ax.plot(steps, 100 * np.asarray(trace.confidence), 's--', label='mean confidence')
+    ax.set_xlabel('recursion step')
+    ax.set_ylabel('%')
+    ax.set_title(f'{trace.model}: {trace.num_images} test images', fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_sparsity(trace: RecursionTrace, path: str) -> None:
+    plt = _plt()
+    steps = np.arange(1, trace.num_steps + 1)
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for layer, values in enumerate(trace.attention_sparsity):
+        ax.plot(steps, 100 * np.asarray(values, dtype=float), 'o-', ms=3,
+                label=f'measured, layer {layer} ({trace.attention_type[layer]})')
+    ax.plot(steps, 100 * np.asarray(trace.analytic_sparsity), 'k--', label=f'analytic 1 - min(k, L)/L (k={trace.topk})')
+    crossover = _crossover_step(trace)
+    if crossover is not None:
+        ax.axvline(crossover - 0.5, color='grey', lw=1)
+        ax.text(crossover - 0.4, 2, f'dense | sparse\n(L > k from step {crossover})', fontsize=7)
+    ax.set_xlabel('recursion step (sequence length L = step + 2)')
+    ax.set_ylabel('keys with zero attention per query (%)')
+    ax.legend(fontsize=7)
+    ax.grid(alpha=.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_role_attention(trace: RecursionTrace, path: str) -> None:
+    plt = _plt()
+    shown = _shown_steps(trace.num_steps)
+    fig, axes = plt.subplots(trace.num_layers, len(shown), figsize=(1.9 * len(shown) + 1, 2.4 * trace.num_layers + 0.5),
+                             squeeze=False)
+    for layer in range(trace.num_layers):
+        for col, step in enumerate(shown):
+            ax = axes[layer][col]
+            mass = np.asarray(trace.role_attention[layer][step - 1])
+            ax.imshow(mass, vmin=0, vmax=1, cmap='viridis')
+            for q in range(3):
+                for k in range(3):
+                    ax.text(k, q, f'{mass[q, k]:.2f}', ha='center', va='center', fontsize=7,
+                            color='white' if mass[q, k] < .6 else 'black')
+            ax.set_xticks(range(3), [r[:4] for r in ROLES], fontsize=7)
+            ax.set_yticks(range(3), [r[:4] for r in ROLES] if col == 0 else [], fontsize=7)
+            ax.set_title(f'layer {layer}, step {step}', fontsize=8)
+    fig.suptitle('attention mass: query role (rows) -> key role (columns)', fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_expert_routing(trace: RecursionTrace, path: str) -> bool:
+    moe_layers = [l for l in range(trace.num_layers) if trace.expert_share[l]]
+    if not moe_layers:
+        return False
+    plt = _plt()
+    fig, axes = plt.subplots(len(moe_layers), 3, figsize=(10, 1.9 * len(moe_layers) + 0.6), squeeze=False)
+    for row, layer in enumerate(moe_layers):
+        share = np.asarray(trace.expert_share[layer])  # (T, role, E)
+        for role in range(3):
+            ax = axes[row][role]
+            image = ax.imshow(share[:, role, :].T, vmin=0, vmax=1, cmap='magma', aspect='auto',
+                              extent=(0.5, trace.num_steps + 0.5, share.shape[2] - 0.5, -0.5))
+            ax.set_title(f'layer {layer}, {ROLES[role]} tokens', fontsize=8)
+            ax.set_xlabel('step', fontsize=7)
+            ax.set_ylabel('expert', fontsize=7)
+            ax.tick_params(labelsize=7)
+    fig.colorbar(image, ax=axes, shrink=.8, label='share of expert slots')
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def plot_prediction_changes(trace: RecursionTrace, path: str) -> None:
+    plt = _plt()
+    transitions = np.arange(2, trace.num_steps + 1)
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    if trace.accuracy is not None:
+        bottom = np.zeros(len(transitions))
+        for values, label, colour in ((trace.corrections, 'correction (wrong -> right)', 'tab:green'),
+                                      (trace.regressions, 'regression (right -> wrong)', 'tab:red'),
+                                      (trace.wrong_to_wrong, 'wrong -> other wrong', 'tab:grey')):
+            ax.bar(transitions, 100 * np.asarray(values), bottom=bottom, label=label, color=colour)
+            bottom += 100 * np.asarray(values)
+    else:
+        ax.bar(transitions, 100 * np.asarray(trace.changed), label='prediction changed')
+    ax.set_xlabel('step (change from the previous step)')
+    ax.set_ylabel('% of images')
+    ax.legend(fontsize=7)
+    ax.grid(alpha=.3, axis='y')
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: bool) -> str:
+    lines = [f'# Recursion report: {trace.model}', '', f'{trace.num_images} images of {source}.', '',
+             f'Command: `{command}`', '', '## Per step', '',
+             '| step | tokens | top-1 (%) | confidence (%) | changed (%) | corrections (%) | regressions (%) |',
+             '| --- | --- | --- | --- | --- | --- | --- |']
+    for t in range(trace.num_steps):
+        acc = f'{100 * trace.accuracy[t]:.2f}' if trace.accuracy is not None else '-'
+        changes = ['-', '-', '-'] if t == 0 else [
+            f'{100 * trace.changed[t - 1]:.2f}',
+            f'{100 * trace.corrections[t - 1]:.2f}' if trace.corrections else '-',
+            f'{100 * trace.regressions[t - 1]:.2f}' if trace.regressions else '-']
+        lines.append(f'| {t + 1} | {t + 3} | {acc} | {100 * trace.confidence[t]:.2f} | ' + ' | '.join(changes) + ' |')
+    if trace.corrections:
+        lines += ['', f'Over all steps: {100 * sum(trace.corrections):.2f}% corrections, '
+                      f'{100 * sum(trace.regressions):.2f}% regressions, {100 * sum(trace.wrong_to_wrong):.2f}% '
+                      'wrong to other wrong (percent of images, summed over transitions).']
+    lines += ['', '![accuracy](accuracy_per_step.png) ![changes](prediction_changes.png)', '',
+              '## Attention', '', f'Layers: {", ".join(trace.attention_type)}; DSA k = {trace.topk}.', '']
+    last = trace.num_steps - 1
+    for layer in range(trace.num_layers):
+        mass = np.asarray(trace.role_attention[layer][last])
+        lines.append(f'- layer {layer}, last step: the hypothesis query gives {100 * mass[1, 0]:.1f}% of its '
+                     f'attention to the summary, {100 * mass[1, 1]:.1f}% to itself, {100 * mass[1, 2]:.1f}% '
+                     f'to the history; measured sparsity {100 * trace.attention_sparsity[layer][last]:.1f}% '
+                     f'(analytic {100 * trace.analytic_sparsity[last]:.1f}%).')
+    lines += ['', '![sparsity](sparsity_per_step.png)', '', '![role attention](role_attention.png)', '']
+    if has_routing:
+        lines += ['## Expert routing', '']
+        for layer in range(trace.num_layers):
+            if not trace.expert_load[layer]:
+                continue
+            load = np.asarray(trace.expert_load[layer])  # (T, E)
+            share = np.asarray(trace.expert_share[layer])  # (T, role, E)
+            favourite = [int(share[:, r, :].mean(0).argmax()) for r in range(3)]
+            lines.append(f'- layer {layer}: expert load over steps from {100 * load.min():.1f}% to '
+                         f'{100 * load.max():.1f}% (uniform: {100 / load.shape[1]:.1f}%); mean balance loss '
+                         f'{np.mean(trace.balance_loss[layer]):.3f}; most used expert per role: '
+                         + ', '.join(f'{ROLES[r]} {favourite[r]}' for r in range(3)) + '.')
+        lines += ['', '![expert routing](expert_routing.png)', '']
+    else:
+        lines += ['## Expert routing', '', 'No MoE layer: `expert_routing.png` is not written.', '']
+    return '\n'.join(lines)
+
+
+def write_report(trace: RecursionTrace, out: str, command: str = '', source: str = '') -> List[str]:
+    """``trace.json``, ``report.md`` and the plots under ``out``; returns the files written."""
+    os.makedirs(out, exist_ok=True)
+    trace.save(os.path.join(out, 'trace.json'))
+    plot_accuracy(trace, os.path.join(out, 'accuracy_per_step.png'))
+    plot_sparsity(trace, os.path.join(out, 'sparsity_per_step.png'))
+    plot_role_attention(trace, os.path.join(out, 'role_attention.png'))
+    has_routing = plot_expert_routing(trace, os.path.join(out, 'expert_routing.png'))
+    plot_prediction_changes(trace, os.path.join(out, 'prediction_changes.png'))
+    with open(os.path.join(out, 'report.md'), 'w') as f:
+        f.write(_markdown(trace, command, source, has_routing))
+    return ['trace.json', 'report.md'] + [p for p in PLOTS if has_routing or p != 'expert_routing.png']
+
+
+def main(argv=None) -> int:
+    import timm_recursive  # noqa: F401  registers the models
+    from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
+    from timm_recursive.training import CheckpointError, collate_classification, create_classifier, create_model_from_checkpoint
+
+    p = argparse.ArgumentParser(description='Step-by-step report on a recursive classifier (plots + report.md)')
+    p.add_argument('--model', default=None, help='registered model name (with --pretrained, or for a weights file)')
+    p.add_argument('--pretrained', action='store_true')
+    p.add_argument('--checkpoint', default=None, help='exported folder, run folder, state folder or weights file')
+    p.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
+    p.add_argument('--dataset', default='digits')
+    p.add_argument('--split', default=None, help='split to trace (default: test/validation)')
+    p.add_argument('--num-images', type=int, default=2000, help='at most this many images of the split')
+    p.add_argument('--batch-size', type=int, default=250)
+    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--out', required=True)
+    p.add_argument('--no-progress', action='store_true')
+    args = p.parse_args(argv)
+    if args.model is None and args.checkpoint is None:
+        p.error('give --model (with --pretrained) and/or --checkpoint')
+    try:
+        splits = resolve_dataset(args.dataset, eval_split=args.split)
+        if args.checkpoint:
+            model = create_model_from_checkpoint(args.checkpoint, args.model, **args.model_kwargs)
+        else:
+            model = create_classifier(args.model, splits.num_classes, pretrained=args.pretrained, **args.model_kwargs)
+        trace_name = args.model or model.pretrained_cfg.get('architecture', '')
+        model = model.to(args.device).eval()
+        tracer_check = RecursionTracer(model)  # fails early, with a clear error, for other models
+        del tracer_check
+    except (DatasetError, CheckpointError, TypeError, ValueError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    if model.num_classes != splits.num_classes:
+        print(f'error: the model predicts {model.num_classes} classes, the dataset has {splits.num_classes}',
+              file=sys.stderr)
+        return 2
+    dataset = splits.eval.select(range(min(args.num_images, len(splits.eval))))
+    dataset = dataset.with_transform(create_dataset_transform(model, splits, is_training=False))
+    loader = DataLoader(dataset, batch_size=args.batch_size, collate_fn=collate_classification)
+    trace = trace_dataset(model, loader, trace_name, progress=not args.no_progress, device=args.device)
+    command = 'python -m timm_recursive.report ' + ' '.join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    written = write_report(trace, args.out, command, f'{args.dataset} ({splits.source}), evaluation split')
+    if trace.accuracy is not None:
+        print('top-1 per step: ' + ' '.join(f'{100 * a:.2f}' for a in trace.accuracy))
+    print(f'wrote {", ".join(written)} to {args.out}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
