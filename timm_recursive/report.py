@@ -128,13 +128,16 @@ def plot_expert_routing(trace: RecursionTrace, path: str) -> bool:
     if not moe_layers:
         return False
     plt = _plt()
-    fig, axes = plt.subplots(len(moe_layers), 3, figsize=(10, 1.9 * len(moe_layers) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(moe_layers), 3, figsize=(10, 2.2 * len(moe_layers) + 0.6), squeeze=False,
+                             layout='constrained')
     for row, layer in enumerate(moe_layers):
         share = np.asarray(trace.expert_share[layer])  # (T, role, E)
         for role in range(3):
             ax = axes[row][role]
-            image = ax.imshow(share[:, role, :].T, vmin=0, vmax=1, cmap='magma', aspect='auto',
+            # a token fills experts_per_token slots with distinct experts: one expert's share is at most 1/m
+            image = ax.imshow(share[:, role, :].T, vmin=0, vmax=share.max(), cmap='magma', aspect='auto',
                               extent=(0.5, trace.num_steps + 0.5, share.shape[2] - 0.5, -0.5))
+            ax.set_yticks(range(share.shape[2]))
             ax.set_title(f'layer {layer}, {ROLES[role]} tokens', fontsize=8)
             ax.set_xlabel('step', fontsize=7)
             ax.set_ylabel('expert', fontsize=7)
