@@ -7,7 +7,8 @@ TIMM_SUITE := tests/timm_suite/test_models.py
 # tests never wait on the network: the Hugging Face Hub is read from local caches only;
 # one intra-op thread per pytest worker (2 workers x 2 threads on 2 cores made the suite 3.6x slower)
 OFFLINE_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-TEST_ENV := $(OFFLINE_ENV) OMP_NUM_THREADS=1
+# the entmax CPU kernel is compiled once into the checkout (not the home folder)
+TEST_ENV := $(OFFLINE_ENV) OMP_NUM_THREADS=1 TORCH_EXTENSIONS_DIR=$(CURDIR)/.cache/torch_extensions
 
 .PHONY: help install test test-fast demo bench efficiency fashion-mnist hub-folders clean
 
