@@ -23,8 +23,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from timm.utils import ParseKwargs
-
 from timm_recursive.analysis.recursion_trace import ROLES, RecursionTrace, RecursionTracer
 
 __all__ = ['trace_dataset', 'write_report']
@@ -52,6 +50,13 @@ def _plt():
     return plt
 
 
+def _save(fig, path: str) -> None:
+    plt = _plt()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _shown_steps(num_steps: int, most: int = 6) -> List[int]:
     """Up to ``most`` steps (counting from 1), evenly spread, first and last included."""
     return sorted(set(np.linspace(1, num_steps, min(most, num_steps)).round().astype(int).tolist()))
@@ -74,9 +79,7 @@ def plot_accuracy(trace: RecursionTrace, path: str) -> None:
     ax.set_title(f'{trace.model}: {trace.num_images} test images', fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_sparsity(trace: RecursionTrace, path: str) -> None:
@@ -95,9 +98,7 @@ def plot_sparsity(trace: RecursionTrace, path: str) -> None:
     ax.set_ylabel('keys with zero attention per query (%)')
     ax.legend(fontsize=7)
     ax.grid(alpha=.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_role_attention(trace: RecursionTrace, path: str) -> None:
@@ -118,9 +119,7 @@ def plot_role_attention(trace: RecursionTrace, path: str) -> None:
             ax.set_yticks(range(3), [r[:4] for r in ROLES] if col == 0 else [], fontsize=7)
             ax.set_title(f'layer {layer}, step {step}', fontsize=8)
     fig.suptitle('attention mass: query role (rows) -> key role (columns)', fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_expert_routing(trace: RecursionTrace, path: str) -> bool:
@@ -165,9 +164,7 @@ def plot_prediction_changes(trace: RecursionTrace, path: str) -> None:
     ax.set_ylabel('% of images')
     ax.legend(fontsize=7)
     ax.grid(alpha=.3, axis='y')
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: bool) -> str:
@@ -231,13 +228,10 @@ def write_report(trace: RecursionTrace, out: str, command: str = '', source: str
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401  registers the models
     from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
-    from timm_recursive.training import CheckpointError, collate_classification, create_classifier, create_model_from_checkpoint
+    from timm_recursive.training import CheckpointError, add_model_arguments, collate_classification, model_from_arguments
 
     p = argparse.ArgumentParser(description='Step-by-step report on a recursive classifier (plots + report.md)')
-    p.add_argument('--model', default=None, help='registered model name (with --pretrained, or for a weights file)')
-    p.add_argument('--pretrained', action='store_true')
-    p.add_argument('--checkpoint', default=None, help='exported folder, run folder, state folder or weights file')
-    p.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
+    add_model_arguments(p)
     p.add_argument('--dataset', default='digits')
     p.add_argument('--split', default=None, help='split to trace (default: test/validation)')
     p.add_argument('--num-images', type=int, default=2000, help='at most this many images of the split')
@@ -250,20 +244,12 @@ def main(argv=None) -> int:
         p.error('give --model (with --pretrained) and/or --checkpoint')
     try:
         splits = resolve_dataset(args.dataset, eval_split=args.split)
-        if args.checkpoint:
-            model = create_model_from_checkpoint(args.checkpoint, args.model, **args.model_kwargs)
-        else:
-            model = create_classifier(args.model, splits.num_classes, pretrained=args.pretrained, **args.model_kwargs)
+        model = model_from_arguments(args, splits.num_classes)
         trace_name = args.model or model.pretrained_cfg.get('architecture', '')
         model = model.to(args.device).eval()
-        tracer_check = RecursionTracer(model)  # fails early, with a clear error, for other models
-        del tracer_check
+        RecursionTracer(model)  # fails early, with a clear error, for other models
     except (DatasetError, CheckpointError, TypeError, ValueError) as e:
         print(f'error: {e}', file=sys.stderr)
-        return 2
-    if model.num_classes != splits.num_classes:
-        print(f'error: the model predicts {model.num_classes} classes, the dataset has {splits.num_classes}',
-              file=sys.stderr)
         return 2
     dataset = splits.eval.select(range(min(args.num_images, len(splits.eval))))
     dataset = dataset.with_transform(create_dataset_transform(model, splits, is_training=False))

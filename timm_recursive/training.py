@@ -396,3 +396,24 @@ def create_classifier(model_name: str, num_classes: int, pretrained: bool = Fals
         source = getattr(cfg, 'hf_hub_id', None) or getattr(cfg, 'url', None) or model_name
         raise CheckpointError(f'cannot load the pretrained weights of {model_name} from {source}: '
                               f'{type(e).__name__}: {str(e).splitlines()[0]}') from e
+
+
+def add_model_arguments(parser) -> None:
+    """The command-line arguments that choose a model to evaluate or inspect (see ``model_from_arguments``)."""
+    from timm.utils import ParseKwargs
+    parser.add_argument('--model', default=None, help='registered model name (with --pretrained, or for a weights file)')
+    parser.add_argument('--pretrained', action='store_true')
+    parser.add_argument('--checkpoint', default=None, help='exported folder, run folder, state folder or weights file')
+    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
+
+
+def model_from_arguments(args, num_classes: int) -> nn.Module:
+    """The model ``add_model_arguments``'s arguments name (a checkpoint, or a registered, maybe pretrained,
+    model), checked to predict the dataset's ``num_classes`` classes (``CheckpointError`` otherwise)."""
+    if args.checkpoint:
+        model = create_model_from_checkpoint(args.checkpoint, args.model, **args.model_kwargs)
+    else:
+        model = create_classifier(args.model, num_classes, pretrained=args.pretrained, **args.model_kwargs)
+    if model.num_classes != num_classes:
+        raise CheckpointError(f'the model predicts {model.num_classes} classes, the dataset has {num_classes}')
+    return model

@@ -16,20 +16,16 @@ import sys
 import torch
 from torch.utils.data import DataLoader
 
-from timm.utils import ParseKwargs
-
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
 from timm_recursive.training import (
-    CheckpointError, StepOutputs, collate_classification, create_classifier, create_model_from_checkpoint, evaluate_steps, write_json_atomic)
+    CheckpointError, StepOutputs, add_model_arguments, collate_classification, evaluate_steps, model_from_arguments,
+    write_json_atomic)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument('--model', default=None, help='registered model name (with --pretrained, or for a weights file)')
-    p.add_argument('--pretrained', action='store_true')
-    p.add_argument('--checkpoint', default=None, help='exported folder, run folder, state folder or weights file')
-    p.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
+    add_model_arguments(p)
     p.add_argument('--dataset', default='digits')
     p.add_argument('--split', default=None, help='split to evaluate (default: test/validation)')
     p.add_argument('--image-column', default=None)
@@ -45,12 +41,6 @@ def parse_args(argv=None):
     return args
 
 
-def load_model(args, num_classes: int):
-    if args.checkpoint:
-        return create_model_from_checkpoint(args.checkpoint, args.model, **args.model_kwargs)
-    return create_classifier(args.model, num_classes, pretrained=args.pretrained, **args.model_kwargs)
-
-
 def format_results(result: dict) -> str:
     lines = [f'{"step":>5} {"top-1 %":>9} {"top-5 %":>9}']
     lines += [f'{t:>5} {a:>9.2f} {b:>9.2f}' for t, (a, b) in enumerate(zip(result['top1'], result['top5']), 1)]
@@ -63,13 +53,9 @@ def main(argv=None) -> int:
     try:
         splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
                                  eval_split=args.split)
-        model = load_model(args, splits.num_classes).to(args.device).eval()
+        model = model_from_arguments(args, splits.num_classes).to(args.device).eval()
     except (DatasetError, CheckpointError) as e:
         print(f'error: {e}', file=sys.stderr)
-        return 2
-    if model.num_classes != splits.num_classes:
-        print(f'error: the model predicts {model.num_classes} classes, the dataset has {splits.num_classes}',
-              file=sys.stderr)
         return 2
     dataset = splits.eval
     if args.max_samples:
