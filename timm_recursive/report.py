@@ -57,7 +57,7 @@ def _save(fig, path: str) -> None:
     plt.close(fig)
 
 
-def _shown_steps(num_steps: int, most: int = 6) -> List[int]:
+def _shown_steps(num_steps: int, most: int = 8) -> List[int]:
     """Up to ``most`` steps (counting from 1), evenly spread, first and last included."""
     return sorted(set(np.linspace(1, num_steps, min(most, num_steps)).round().astype(int).tolist()))
 
