@@ -28,7 +28,6 @@ from typing import Dict, List, Optional
 
 import torch
 from torch import nn
-from timm.layers import Attention
 
 from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts
 
