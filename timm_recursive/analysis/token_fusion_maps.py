@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from timm_recursive.layers import token_sources
-from timm_recursive.models.deit_tokenfuse import TokenFusionBlock, record_token_fusion
+from timm_recursive.models.deit_tokenfuse import TokenFusionBlock, record_token_fusion, recorded_reductions
 
 from .images import denormalise, load_images
 
@@ -31,17 +31,16 @@ __all__ = ['fusion_stages', 'write_maps']
 def fusion_stages(model: nn.Module, images: torch.Tensor) -> List[Dict]:
     """Per reduction block: ``block`` (counting from 0), ``token``/``fused``/``cluster`` (B, H*W)
     per original patch (``cluster`` -1 for kept patches), ``num_kept``, ``num_fused_inputs``, ``sizes``."""
-    blocks = [i for i, b in enumerate(model.blocks) if isinstance(b, TokenFusionBlock)]
-    if not blocks:
+    if not any(isinstance(b, TokenFusionBlock) for b in model.blocks):
         raise TypeError(f'{type(model).__name__} has no token fusion block (see apply_token_fusion)')
     was_training = model.training
     model.eval()
     try:
-        with record_token_fusion(model) as fusions:
+        with record_token_fusion(model):
             model(images)
+            done = list(recorded_reductions(model).items())
     finally:
         model.train(was_training)
-    done = [(i, f.last_record) for i, f in zip(blocks, fusions) if f.last_record]
     if not done:  # keep_rate = 1: nothing was reduced
         return []
     # the first reduction sees every patch of the image

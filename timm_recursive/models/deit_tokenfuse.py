@@ -29,7 +29,8 @@ from timm_recursive.layers import ClsRowAttention, TokenFusion, token_sources
 
 from ._vit_builder import create_vit_model, vit_cfg
 
-__all__ = ['TokenFusionBlock', 'TokenFusionVisionTransformer', 'apply_token_fusion', 'record_token_fusion']
+__all__ = ['TokenFusionBlock', 'TokenFusionVisionTransformer', 'apply_token_fusion', 'record_token_fusion',
+           'recorded_reductions']
 
 
 @register_notrace_module  # its token count depends on the data: a leaf for FX
@@ -117,6 +118,12 @@ def record_token_fusion(model: nn.Module) -> Iterator[List[TokenFusion]]:
             fusion.record = False
 
 
+def recorded_reductions(model: nn.Module) -> Dict[int, Dict[str, torch.Tensor]]:
+    """The last record of every token fusion block of ``model`` that reduced its tokens, by block index."""
+    return {i: block.fusion.last_record for i, block in enumerate(model.blocks)
+            if isinstance(block, TokenFusionBlock) and block.fusion.last_record}
+
+
 class TokenFusionVisionTransformer(VisionTransformer):
     """timm's ``VisionTransformer`` with token decoupling and fusion; see the module docstring.
 
@@ -141,9 +148,6 @@ class TokenFusionVisionTransformer(VisionTransformer):
                 raise TypeError(f'TokenFusionVisionTransformer sets {name} itself')
         super().__init__(**kwargs)
         apply_token_fusion(self, keep_rate, reduction_blocks, num_fused_tokens, knn)
-
-    def _fusion_block_indices(self) -> List[int]:
-        return [i for i, b in enumerate(self.blocks) if isinstance(b, TokenFusionBlock)]
 
     def token_counts(self, num_patches: Optional[int] = None) -> List[int]:
         """Tokens (prefix included) that each block's MLP runs on, for ``num_patches`` patches (default: the model's)."""
@@ -180,11 +184,11 @@ class TokenFusionVisionTransformer(VisionTransformer):
         B, _, height, width = x.shape
         H, W = self.patch_embed.dynamic_feat_size((height, width))
         take_indices, _ = feature_take_indices(len(self.blocks), indices)
-        with record_token_fusion(self) as fusions:
+        with record_token_fusion(self):
             out = super().forward_intermediates(
                 x, indices, return_prefix_tokens, norm, stop_early, 'NLC', intermediates_only,
                 output_dict, attn_mask, is_causal)
-            reduced = {i: f.last_record for i, f in zip(self._fusion_block_indices(), fusions) if f.last_record}
+            reduced = recorded_reductions(self)
         sources = token_sources(list(reduced.values()), H * W)
         reductions_before = [sum(1 for j in reduced if j <= i) for i in take_indices]
 
