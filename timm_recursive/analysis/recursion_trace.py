@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts
+from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts, ProjectedAttention
 
 __all__ = ['ROLES', 'RecursionTrace', 'RecursionTracer', 'key_roles']
 
@@ -105,7 +105,7 @@ class _Sums:
 
 def _attention_probs(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The attention probabilities the layer applied to input ``x`` (B, L, C), as (B, L, heads, L)."""
-    B, L, C = x.shape
+    L = x.shape[1]
     if isinstance(module, DynamicSparseAttention):
         q, kv, scores = module._project(x)
         k = kv[..., :module.head_dim]
@@ -115,8 +115,8 @@ def _attention_probs(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
                 -1, scores.topk(module.topk, dim=-1).indices, True)
             logits = logits.masked_fill(~keep.unsqueeze(2), float('-inf'))
         return logits.softmax(dim=-1)
-    qkv = module.qkv(x).reshape(B, L, 3, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4)
-    q, k = module.q_norm(qkv[0]), module.k_norm(qkv[1])
+    # timm's Attention: its own projections, as the layers built on it compute them
+    q, k, _, _ = ProjectedAttention.project_qkv(module, x)
     return ((q * module.scale) @ k.transpose(-2, -1)).softmax(dim=-1).transpose(1, 2)
 
 

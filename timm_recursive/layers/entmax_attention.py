@@ -11,7 +11,6 @@ layer runs its fused kernel instead of materialising the scores (no mask, no att
 sparsity tracking, timm's default scale; ``TIMM_RECURSIVE_ENTMAX_KERNEL=python`` turns it off).
 """
 import functools
-import os
 from typing import Callable, Dict, Optional
 
 import torch
@@ -21,6 +20,7 @@ from timm.layers import Attention, register_notrace_function
 from timm.layers.attention import maybe_add_mask, resolve_self_attn_mask
 
 from .attention_projections import ProjectedAttention
+from .entmax_kernel import kernel_mode
 from .entmax_ops import entmax
 
 __all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax']
@@ -45,7 +45,7 @@ def _adasplash() -> Optional[Callable]:
 
 @torch.jit.ignore
 def _use_adasplash(q: torch.Tensor) -> bool:
-    return q.is_cuda and os.environ.get('TIMM_RECURSIVE_ENTMAX_KERNEL', 'auto') != 'python' and _adasplash() is not None
+    return q.is_cuda and kernel_mode() != 'python' and _adasplash() is not None
 
 
 @register_notrace_function
