@@ -1,6 +1,12 @@
 """Training-step speed of SA-MLP, SA-MoE and DSA-MoE on the same batches.
 
     python benchmarks/recursive_train_speed.py [--json] [--batch-size 256] [--steps 1] [--repeats 5]
+    python benchmarks/recursive_train_speed.py --models recursive_sa_mlp_cifar:grad_window=0 \
+        recursive_dsa_moe_cifar:grad_window=0 recursive_sa_mlp_cifar recursive_dsa_moe_cifar
+
+A model may carry constructor arguments after a colon (``name:grad_window=0``), as in
+``python -m timm_recursive.efficiency``; the second form compares the detached history
+(``grad_window=0``) with the default gradient path, all four interleaved in one run.
 
 Each repeat times ``--steps`` full training steps (forward over every recursion step, deep-supervised
 cross-entropy plus the MoE auxiliary loss, backward, AdamW update) of every model in turn on the
@@ -18,6 +24,7 @@ import timm
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.timing import time_interleaved
+from timm_recursive.efficiency import parse_model_spec
 
 DEFAULT_MODELS = ['recursive_sa_mlp_cifar', 'recursive_sa_moe_cifar', 'recursive_dsa_moe_cifar']
 
@@ -44,7 +51,8 @@ def main():
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
-    models = {name: timm.create_model(name).train() for name in args.models}
+    models = {spec: timm.create_model(name, **kwargs).train() for spec, (name, kwargs) in
+              ((spec, parse_model_spec(spec)) for spec in args.models)}
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for name, m in models.items()}
     input_size = models[args.models[0]].pretrained_cfg['input_size']
     num_classes = models[args.models[0]].num_classes
@@ -79,9 +87,10 @@ def main():
         return
     print(f'training steps, batch {args.batch_size}, {args.steps} steps x {args.repeats} repeats (median), '
           f'{torch.get_num_threads()} threads, torch {torch.__version__}')
-    print(f'{"model":<28}{"images/s":>10}{"s/step":>9}{"speedup":>9}')
+    width = max(28, *(len(name) + 2 for name in results))
+    print(f'{"model":<{width}}{"images/s":>10}{"s/step":>9}{"speedup":>9}')
     for name, r in results.items():
-        print(f'{name:<28}{r["images_per_s"]:>10.1f}{r["median_s_per_step"]:>9.3f}'
+        print(f'{name:<{width}}{r["images_per_s"]:>10.1f}{r["median_s_per_step"]:>9.3f}'
               f'{r["speedup_vs_" + baseline]:>8.2f}x')
 
 

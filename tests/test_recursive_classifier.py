@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import timm_recursive
+from timm_recursive.analysis.recursion_gradients import latent_gradients
 from timm_recursive.models import RecursiveClassifier
 
 TINY = dict(embed_dim=32, depth=2, num_heads=4, encoder_chans=(8, 16, 32))
@@ -113,10 +114,10 @@ def test_reset_classifier_replaces_head_and_class_embedding():
 
 
 def test_every_parameter_gets_gradient_from_deep_supervision():
-    # through the whole history: with it detached (the default), the last block's experts learn only
-    # from the hypothesis tokens routed to them, so a small batch can leave one without a gradient
+    # through the whole history: with a narrow window the last block's experts learn mostly from the
+    # hypothesis tokens routed to them, so a small batch can leave one without a gradient
     torch.manual_seed(0)
-    model = timm.create_model('recursive_dsa_moe_tiny', num_steps=8, detach_history=False).train()
+    model = timm.create_model('recursive_dsa_moe_tiny', num_steps=8, grad_window=8).train()
     x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
     steps, aux = model.forward_steps(x)
     loss = F.cross_entropy(steps.flatten(0, 1), y.repeat(steps.shape[0])) + 0.01 * aux
@@ -212,17 +213,54 @@ def test_bfloat16_forward():
     assert model(torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
-def test_forward_steps_detaches_the_history_between_steps():
+def test_grad_window_changes_gradients_not_values():
     torch.manual_seed(0)
     x = torch.randn(2, 3, 32, 32)
-    models = {detach: _tiny(num_steps=4, detach_history=detach).eval() for detach in (True, False)}
-    models[False].load_state_dict(models[True].state_dict())
-    for detach, model in models.items():
+    models = {w: _tiny(num_steps=4, grad_window=w).eval() for w in (0, 1, 3)}
+    for model in models.values():
+        model.load_state_dict(models[0].state_dict())
+    for window, model in models.items():
         logits, _ = model.forward_steps(x)
-        torch.testing.assert_close(logits, models[True].forward_steps(x)[0])  # the values never change
-        logits[-1].sum().backward()  # the last step's loss reaches step 1 (y_init) only without detaching
+        torch.testing.assert_close(logits, models[0].forward_steps(x)[0])
+        logits[-1].sum().backward()  # the last step's loss reaches step 1 (y_init) through the latents
         reached = model.y_init.grad is not None and bool(model.y_init.grad.abs().sum() > 0)
-        assert reached != detach
+        assert reached == (window > 0)
         model.zero_grad(set_to_none=True)
         model(x).sum().backward()  # forward(): one loss, gradients through the whole recursion
         assert model.y_init.grad is not None and model.y_init.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match='grad_window'):
+        _tiny(grad_window=-1)
+
+
+@pytest.mark.parametrize('attn', ['dsa', 'dense'])
+def test_every_latent_a_later_step_reads_is_trained_and_gradients_stay_bounded(attn):
+    # 16 steps, k=6: DSA is sparse from step 5 on, so a later step may skip a latent; the newest
+    # latent's own slot still carries it forward through the residual stream
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    grads = {}
+    for window in (0, 1, 15):
+        torch.manual_seed(1)
+        model = _tiny(num_steps=16, attn=attn, grad_window=window).train()
+        grads[window] = latent_gradients(model, x, y)
+        assert len(grads[window]['latent_grad']) == 15 and len(grads[window]['step_grad_norm']) == 16
+    assert all(g == 0 for g in grads[0]['latent_grad'])  # detached: nothing trains what is carried forward
+    for window in (1, 15):
+        assert all(g > 0 for g in grads[window]['latent_grad']), (window, grads[window]['latent_grad'])
+        norms = torch.tensor(grads[window]['step_grad_norm'])
+        assert torch.isfinite(norms).all() and norms.max() < 10 * norms[0], norms
+
+
+def test_forward_intermediates_gives_the_encoder_stages_and_forward_features():
+    model = _tiny(num_steps=3)
+    x = torch.randn(2, 3, 32, 32)
+    final, stages = model.forward_intermediates(x)
+    torch.testing.assert_close(final, model.forward_features(x))
+    assert [s.shape[1] for s in stages] == [i['num_chs'] for i in model.feature_info] == [8, 16, 32]
+    assert [s.shape[-1] for s in stages] == [32 // i['reduction'] for i in model.feature_info]
+    first = model.forward_intermediates(x, indices=[0], intermediates_only=True, stop_early=True)
+    assert len(first) == 1
+    torch.testing.assert_close(first[0], stages[0])
+    assert len(model.forward_intermediates(x, indices=2, intermediates_only=True)) == 2
+    with pytest.raises(ValueError, match='NCHW'):
+        model.forward_intermediates(x, output_fmt='NHWC')

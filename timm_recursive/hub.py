@@ -130,6 +130,7 @@ def _card_context(model, run: Dict, record: Dict, weights_note: str, repo_id: st
         'dataset_source': summary.get('dataset_source', dataset),
         'architecture': arch,
         'num_steps': str(model.num_steps),
+        'grad_window': str(model.grad_window),
         'embed_dim': str(model.embed_dim),
         'depth': str(len(model.blocks)),
         'encoder_chans': '/'.join(str(s[0].out_channels) for s in model.stages),

@@ -23,26 +23,28 @@ and DSA-MoE (Dynamic Sparse Attention, MoE).
 ``forward_features`` returns the final step's normalised tokens as an NHWC map of height 1 and width
 ``num_steps + 2`` (summary, hypothesis, history); ``global_pool='token'`` reads the hypothesis slot,
 ``'avg'`` averages the tokens. ``features_only=True`` exposes the conv encoder's three stages.
-Gradients through the recursion: ``forward_steps``, the deep-supervision interface, detaches
-each step's inputs from earlier steps (the latents ``z`` and the hypothesis) by default
-(``detach_history=True``), as TRM detaches the state it carries between deep-supervision steps:
-every step's loss trains the shared weights through its own step, plus the encoder and learned
-tokens, and the backward stays one step long. Through the whole history, the step-8 loss's
-gradient was over 5,000 times the step-1 loss's on a batch of a diverging FashionMNIST run; detached,
-1.5 times. ``forward``
-(a single loss on the last step, as timm's training scripts use) backpropagates through the whole
-recursion: without a loss per step it is the only way gradients reach the early steps.
+Gradients through the recursion (``grad_window``): in ``forward_steps``, the deep-supervision
+interface, each step reads its ``grad_window`` newest latents with their gradient and the older ones
+as values only. A step's loss then trains the latents it reads, and through them the steps that
+wrote them: what the recursion carries forward is learned. The window bounds the number of gradient
+paths between two steps: with the whole history (``grad_window >= num_steps - 1``) a latent reaches
+a step t steps later along about 2^t paths (every later latent reads it too), with a window of one
+along one (as in a recurrent network). ``grad_window=0`` detaches every latent: no loss then trains
+the latents at all (the output at the newest history slot gets exactly zero gradient), and the steps
+become one classifier run ``num_steps`` times. ``forward`` (a single loss on the last step, as timm's
+training scripts use) backpropagates through the whole recursion.
 
 With ``num_classes=0`` there is no class prediction to feed back, so the hypothesis token stays at
 its learned initial value ``y_0`` at every step.
 """
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import Attention, DropPath, Mlp, register_notrace_function, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, get_pretrained_cfg, register_model
+from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint, named_apply
 
 from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts
@@ -139,9 +141,10 @@ class RecursiveClassifier(nn.Module):
         num_steps: recursion steps T (>= 1).
         topk: attention budget k of Dynamic Sparse Attention (>= 1; unused with ``attn='dense'``).
         y_embed: 'hard' (argmax class embedding) or 'soft' (probability-weighted class embeddings).
-        detach_history: in ``forward_steps`` (deep supervision), stop gradients from flowing through
-            the latent history (and a soft hypothesis) from one step into the next; see the module
-            docstring. ``forward`` always backpropagates through the whole recursion.
+        grad_window: in ``forward_steps`` (deep supervision), how many of its newest latents each
+            step reads with their gradient (0: none, the latents are never trained; ``>= num_steps - 1``:
+            the whole history); see the module docstring. ``forward`` always backpropagates through
+            the whole recursion.
         embed_dim: transformer width d.
         depth: transformer blocks, shared across steps.
         num_heads: attention heads.
@@ -168,7 +171,7 @@ class RecursiveClassifier(nn.Module):
             num_steps: int = 16,
             topk: int = 6,
             y_embed: str = 'hard',
-            detach_history: bool = True,
+            grad_window: int = 1,
             embed_dim: int = 512,
             depth: int = 4,
             num_heads: int = 8,
@@ -205,7 +208,9 @@ class RecursiveClassifier(nn.Module):
         self.num_steps = num_steps
         self.topk = topk
         self.soft_y = y_embed == 'soft'
-        self.detach_history = detach_history
+        if not isinstance(grad_window, int) or grad_window < 0:
+            raise ValueError(f'grad_window must be an integer >= 0, got {grad_window!r}')
+        self.grad_window = grad_window
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.output_fmt = 'NHWC'
         self.grad_checkpointing = False
@@ -297,8 +302,11 @@ class RecursiveClassifier(nn.Module):
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         x = check_image_input(x, self.in_chans)
-        x = self.stages(x)
-        return self.summary_norm(self.proj(x.mean((2, 3))))
+        return self._summarize(self.stages(x))
+
+    def _summarize(self, feature_map: torch.Tensor) -> torch.Tensor:
+        """The summary token x_feat (B, d) of the last encoder stage's map."""
+        return self.summary_norm(self.proj(feature_map.mean((2, 3))))
 
     def _hypothesis_embed(self, logits: torch.Tensor) -> torch.Tensor:
         assert self.class_embed is not None
@@ -317,35 +325,76 @@ class RecursiveClassifier(nn.Module):
             aux = aux + blk_aux
         return self.norm(tokens), aux
 
-    def _recurse(self, x: torch.Tensor, detach: bool = False) -> Tuple[torch.Tensor, List[torch.Tensor], torch.Tensor]:
+    def _recurse(
+            self, x_feat: torch.Tensor, grad_window: int,
+    ) -> Tuple[torch.Tensor, List[torch.Tensor], torch.Tensor]:
         """Run all steps: final tokens (B, T + 2, d), logits of steps 1..T-1, mean MoE auxiliary loss.
 
-        ``detach``: feed each step's latent and prediction to the next step without their gradient.
+        ``grad_window``: how many of its newest latents each step reads with their gradient (older
+        ones are read as values only; ``>= num_steps - 1``: the whole history); with 0 a soft
+        hypothesis is read without its gradient too.
         """
-        summary = self._encode(x).unsqueeze(1) + self.role_embed[0]
+        summary = x_feat.unsqueeze(1) + self.role_embed[0]
         B = summary.shape[0]
         y = self.y_init.expand(B, -1)
-        history = self.z_init.expand(B, -1, -1)
+        latents: List[torch.Tensor] = [self.z_init.expand(B, -1, -1)]
         step_logits: List[torch.Tensor] = []
         aux = summary.new_zeros(())
         tokens = summary
         for t in range(self.num_steps):
             hypothesis = (y + self.role_embed[1]).unsqueeze(1)
-            tokens, step_aux = self._transform(torch.cat([summary, hypothesis, history + self.role_embed[2]], dim=1))
+            history = torch.cat(latents, dim=1) + self.role_embed[2]
+            tokens, step_aux = self._transform(torch.cat([summary, hypothesis, history], dim=1))
             aux = aux + step_aux
             if t == self.num_steps - 1:
                 break
-            z = tokens[:, -1:]
-            history = torch.cat([history, z.detach() if detach else z], dim=1)
+            latents.append(tokens[:, -1:])
+            # the latent that just left the window keeps its value, not its gradient (z_0 is a learned
+            # parameter, not a state of the recursion: it always keeps its gradient)
+            leaving = len(latents) - 1 - grad_window
+            if leaving >= 1:
+                latents[leaving] = latents[leaving].detach()
             if self.num_classes > 0:
                 logits = self.head(self.head_drop(tokens[:, 1]))
                 step_logits.append(logits)
-                y = self._hypothesis_embed(logits.detach() if detach else logits)
+                y = self._hypothesis_embed(logits if grad_window > 0 else logits.detach())
         return tokens, step_logits, aux / max(1, self.num_moe_blocks * self.num_steps)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Final step's normalised tokens, NHWC (B, 1, num_steps + 2, embed_dim)."""
-        return self._recurse(x)[0].unsqueeze(1)
+        return self._recurse(self._encode(x), self.num_steps)[0].unsqueeze(1)
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = 'NCHW',
+            intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """The conv encoder's stage maps (the ``feature_info`` levels, NCHW) and ``forward_features``' output.
+
+        Args:
+            indices: the last n stages (int) or these stage indices (list); all three by default.
+            norm: unused (the stage maps have no norm of their own); accepted as timm's other models do.
+            stop_early: with ``intermediates_only``, stop after the last requested stage.
+            output_fmt: only 'NCHW' (the recursion's tokens have no spatial layout).
+            intermediates_only: return only the stage maps.
+        """
+        if output_fmt != 'NCHW':
+            raise ValueError(f"output_fmt must be 'NCHW' (encoder stage maps), got {output_fmt!r}")
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        x = check_image_input(x, self.in_chans)
+        last_stage = max_index if intermediates_only and stop_early else len(self.stages) - 1
+        intermediates = []
+        for i, stage in enumerate(self.stages[:last_stage + 1]):
+            x = stage(x)
+            if i in take_indices:
+                intermediates.append(x)
+        if intermediates_only:
+            return intermediates
+        return self._recurse(self._summarize(x), self.num_steps)[0].unsqueeze(1), intermediates
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == 'token':
@@ -366,7 +415,7 @@ class RecursiveClassifier(nn.Module):
         """
         if self.num_classes == 0 or self.global_pool == '':
             raise RuntimeError('forward_steps needs a classifier and pooling (num_classes > 0, global_pool != "")')
-        tokens, step_logits, aux = self._recurse(x, detach=self.detach_history)
+        tokens, step_logits, aux = self._recurse(self._encode(x), self.grad_window)
         step_logits.append(self.forward_head(tokens.unsqueeze(1)))
         return torch.stack(step_logits), aux
 

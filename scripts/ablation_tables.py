@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The README's ablation tables, from the runs of ``scripts/ablations.sh`` (never typed by hand).
+
+    python scripts/ablation_tables.py runs/ablations
+
+Reads every finished run's ``summary.json`` under the root (last epoch: no selection on the test
+split) and prints markdown: the three variants over their seeds (mean and sample standard deviation
+of the final step, each seed's value, training images/s), per-step top-1 of the variants (mean over
+seeds), the attention budget k, and the recursion depth. Missing runs are listed, not guessed.
+"""
+import json
+import os
+import statistics
+import sys
+from typing import Dict, List, Optional
+
+from timm_recursive.layers.sparse_attention import sparse_attention_sparsity
+
+VARIANTS = (('sa_mlp', 'SA-MLP'), ('sa_moe', 'SA-MoE'), ('dsa_moe', 'DSA-MoE'))
+
+
+def load_summary(root: str, name: str) -> Optional[dict]:
+    path = os.path.join(root, name, 'summary.json')
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        summary = json.load(f)
+    return summary if summary.get('final') else None
+
+
+def mean_std(values: List[float]) -> str:
+    if len(values) < 2:
+        return f'{values[0]:.2f} (1 seed)'
+    return f'{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}'
+
+
+def mean_sparsity(num_steps: int, topk: int) -> float:
+    """Mean over steps t = 1..T of the analytic sparsity at sequence length t + 2."""
+    return statistics.mean(sparse_attention_sparsity(t + 2, topk) for t in range(1, num_steps + 1))
+
+
+def variant_tables(root: str, missing: List[str]) -> List[str]:
+    lines = ['| variant | final-step top-1 (%), mean ± std | per seed | step-1 top-1 (%), mean | '
+             'gain step 1 -> 16 (points) | train images/s |', '| --- | --- | --- | --- | --- | --- |']
+    curves: Dict[str, List[float]] = {}
+    for key, label in VARIANTS:
+        runs = {}
+        for seed_dir in sorted(os.listdir(os.path.join(root, key))) if os.path.isdir(os.path.join(root, key)) else []:
+            summary = load_summary(os.path.join(root, key), seed_dir)
+            if summary is None:
+                missing.append(f'{key}/{seed_dir}')
+            else:
+                runs[summary['seed']] = summary
+        if not runs:
+            missing.append(key)
+            continue
+        finals = [s['final']['eval_top1'] for s in runs.values()]
+        per_step = [statistics.mean(v) for v in zip(*(s['final']['eval_top1_per_step'] for s in runs.values()))]
+        curves[label] = per_step
+        speed = statistics.mean(s['final']['train_images_per_s'] for s in runs.values())
+        seeds = ', '.join(f'{runs[k]["final"]["eval_top1"]:.2f} (seed {k})' for k in sorted(runs))
+        lines.append(f'| {label} | {mean_std(finals)} | {seeds} | {per_step[0]:.2f} | '
+                     f'{per_step[-1] - per_step[0]:+.2f} | {speed:.0f} |')
+    if curves:
+        steps = max(len(c) for c in curves.values())
+        lines += ['', '| variant (mean over seeds) | ' + ' | '.join(f't={t}' for t in range(1, steps + 1)) + ' |',
+                  '| --- |' + ' --- |' * steps]
+        lines += [f'| {label} | ' + ' | '.join(f'{a:.2f}' for a in curve) + ' |' for label, curve in curves.items()]
+    return lines
+
+
+def single_run_table(root: str, rows, header: str, missing: List[str]) -> List[str]:
+    lines = [header, '| --- | --- | --- | --- | --- |']
+    for name, label, num_steps, topk in rows:
+        summary = load_summary(root, name)
+        if summary is None:
+            missing.append(name)
+            continue
+        per_step = summary['final']['eval_top1_per_step']
+        lines.append(f'| {label} | {summary["final"]["eval_top1"]:.2f} | {per_step[0]:.2f} | '
+                     f'{100 * mean_sparsity(num_steps, topk):.1f} | {summary["final"]["train_images_per_s"]:.0f} |')
+    return lines
+
+
+def main(argv=None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if len(args) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    root = args[0]
+    missing: List[str] = []
+    out = ['### Variants over seeds (16 steps, k=6)', ''] + variant_tables(root, missing)
+    header = '| {} | final-step top-1 (%) | step-1 top-1 (%) | mean DSA sparsity (%) | train images/s |'
+    out += ['', '### Attention budget k (DSA-MoE, 16 steps, seed 0)', ''] + single_run_table(root, [
+        ('dsa_moe/seed0', 'k = 6', 16, 6), ('dsa_moe_k2', 'k = 2', 16, 2)], header.format('k'), missing)
+    out += ['', '### Recursion depth (DSA-MoE, k=6, seed 0)', ''] + single_run_table(root, [
+        ('dsa_moe_steps4', '4 steps', 4, 6), ('dsa_moe_steps8', '8 steps', 8, 6),
+        ('dsa_moe/seed0', '16 steps', 16, 6)], header.format('steps'), missing)
+    any_run = next((load_summary(root, n) for n in ('dsa_moe/seed0', 'sa_mlp/seed0') if load_summary(root, n)), None)
+    if any_run:
+        out += ['', f'Training subset: {any_run["train_images"]} images, {any_run["epochs"]} epochs; evaluation: '
+                    f'{any_run["eval_images"]} test images; hardware: {any_run["hardware"]}.',
+                f'Command of each run: `{any_run["command"]}` (seed, model and model arguments vary).']
+    if missing:
+        out += ['', 'Not finished: ' + ', '.join(sorted(set(missing)))]
+    print('\n'.join(out))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

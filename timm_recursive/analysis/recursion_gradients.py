@@ -1,0 +1,84 @@
+"""Where the deep-supervision gradient goes inside a recursive classifier.
+
+``latent_gradients(model, images, labels)`` runs ``forward_steps`` once with the model's
+``grad_window`` and reports, as plain lists:
+
+* ``latent_grad[t]``: the summed absolute gradient of the deep-supervision loss (uniform weights) at
+  the latent ``z_t`` that step t writes (t = 1 .. T - 1; step T writes none). Zero means no later
+  step's loss trains what the recursion carries forward.
+* ``step_grad_norm[t]``: the norm of the gradient of step t's loss alone over all parameters, the
+  figure that exploded when every step read its whole history with gradient.
+
+``python -m timm_recursive.analysis.recursion_gradients --model recursive_dsa_moe_tiny --windows 0 1 2 16``
+prints both for each window as JSON (random weights, or a trained run with ``--checkpoint``), on a
+batch of the dataset's evaluation split.
+"""
+import argparse
+import json
+from typing import Dict, List
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ['latent_gradients']
+
+
+def latent_gradients(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> Dict[str, List[float]]:
+    """Gradient at every written latent and per-step gradient norms; see the module docstring."""
+    step_outputs: List[torch.Tensor] = []
+
+    def keep_output(module, args, output):
+        output.retain_grad()
+        step_outputs.append(output)
+
+    handle = model.norm.register_forward_hook(keep_output)  # the final norm runs once per step
+    try:
+        step_logits, _ = model.forward_steps(images)
+    finally:
+        handle.remove()
+    losses = [F.cross_entropy(logits.float(), labels) for logits in step_logits]
+    params = [p for p in model.parameters() if p.requires_grad]
+    step_grad_norm = []
+    for loss in losses:
+        grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+        step_grad_norm.append(float(torch.linalg.vector_norm(torch.stack([
+            torch.linalg.vector_norm(g) for g in grads if g is not None]))))
+    torch.stack(losses).mean().backward()
+    # step t's output at the last slot is the latent z_t it appends to the history
+    latent_grad = [float(out.grad[:, -1].abs().sum()) for out in step_outputs[:-1]]
+    return {'latent_grad': latent_grad, 'step_grad_norm': step_grad_norm}
+
+
+def main(argv=None) -> int:
+    import timm_recursive  # noqa: F401 (registers the models)
+    from timm_recursive.data import create_dataset_transform, resolve_dataset
+    from timm_recursive.training import add_model_arguments, collate_classification, model_from_arguments
+
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
+    add_model_arguments(p)
+    p.add_argument('--dataset', default='fashion_mnist')
+    p.add_argument('--windows', type=int, nargs='+', default=[0, 1, 2, 16],
+                   help='grad_window values (>= num_steps - 1: the whole history)')
+    p.add_argument('--batch-size', type=int, default=64, help='images of the evaluation split')
+    p.add_argument('--seed', type=int, default=0, help='seed of the random weights (without --checkpoint)')
+    args = p.parse_args(argv)
+    if args.model is None and args.checkpoint is None:
+        p.error('give --model and/or --checkpoint')
+    splits = resolve_dataset(args.dataset)
+    base_kwargs = dict(args.model_kwargs)
+    results = {}
+    for window in args.windows:
+        torch.manual_seed(args.seed)
+        args.model_kwargs = dict(base_kwargs, grad_window=window)
+        model = model_from_arguments(args, splits.num_classes).train()
+        rows = splits.eval.select(range(args.batch_size))
+        batch = collate_classification(list(rows.with_transform(create_dataset_transform(model, splits, False))))
+        results[str(window)] = latent_gradients(model, batch['pixel_values'], batch['label'])
+    print(json.dumps({'model': args.model, 'checkpoint': args.checkpoint, 'dataset': args.dataset,
+                      'model_kwargs': base_kwargs, 'windows': results}, indent=1))
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())
