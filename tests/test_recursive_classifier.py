@@ -81,8 +81,8 @@ def test_hard_and_soft_hypothesis_embedding():
     soft = _tiny(y_embed='soft', num_steps=4)
     soft.load_state_dict(hard.state_dict())
     logits = torch.randn(2, 10)
-    torch.testing.assert_close(hard._hypothesis_embed(logits), hard.class_embed.weight[logits.argmax(-1)])
-    torch.testing.assert_close(soft._hypothesis_embed(logits), logits.softmax(-1) @ soft.class_embed.weight)
+    torch.testing.assert_close(hard._hypothesis_embed(logits, True), hard.class_embed.weight[logits.argmax(-1)])
+    torch.testing.assert_close(soft._hypothesis_embed(logits, True), logits.softmax(-1) @ soft.class_embed.weight)
     x = torch.randn(2, 3, 32, 32)
     assert not torch.allclose(hard(x), soft(x))
     # soft feedback is differentiable: earlier steps' logits get gradient through the hypothesis token
@@ -230,6 +230,31 @@ def test_grad_window_changes_gradients_not_values():
         assert model.y_init.grad is not None and model.y_init.grad.abs().sum() > 0
     with pytest.raises(ValueError, match='grad_window'):
         _tiny(grad_window=-1)
+
+
+@pytest.mark.parametrize('y_embed', ['hard', 'soft'])
+def test_hypothesis_carries_gradient_to_the_previous_prediction(y_embed):
+    # step 2's loss reaches step 1's logits through the hypothesis token; a hard hypothesis takes the
+    # soft mix's gradient straight through, so every class embedding learns, not only the predicted ones
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 32, 32)
+    for window in (0, 1):
+        model = _tiny(num_steps=2, grad_window=window, y_embed=y_embed, attn='dense')
+        head_outputs = []
+
+        def keep(module, args, out):
+            out.retain_grad()
+            head_outputs.append(out)
+
+        model.head.register_forward_hook(keep)
+        logits, _ = model.forward_steps(x)
+        logits[1].logsumexp(-1).sum().backward()
+        step1_logits = head_outputs[0]
+        assert (step1_logits.grad is not None and bool(step1_logits.grad.abs().sum() > 0)) == (window > 0)
+        if y_embed == 'hard':
+            rows_trained = int((model.class_embed.weight.grad.abs().sum(-1) > 0).sum())
+            predicted = logits[0].argmax(-1).unique().numel()
+            assert rows_trained == (model.num_classes if window > 0 else predicted)
 
 
 @pytest.mark.parametrize('attn', ['dsa', 'dense'])

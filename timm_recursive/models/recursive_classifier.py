@@ -308,11 +308,20 @@ class RecursiveClassifier(nn.Module):
         """The summary token x_feat (B, d) of the last encoder stage's map."""
         return self.summary_norm(self.proj(feature_map.mean((2, 3))))
 
-    def _hypothesis_embed(self, logits: torch.Tensor) -> torch.Tensor:
+    def _hypothesis_embed(self, logits: torch.Tensor, with_grad: bool) -> torch.Tensor:
+        """The next step's hypothesis token; ``with_grad``: carry the gradient back into ``logits``.
+
+        A hard hypothesis (argmax) has no gradient of its own: with ``with_grad`` it takes the soft
+        mix's gradient straight through (the value stays the argmax class embedding).
+        """
         assert self.class_embed is not None
+        if not with_grad:
+            logits = logits.detach()
+        soft = logits.softmax(dim=-1).to(self.class_embed.weight.dtype) @ self.class_embed.weight
         if self.soft_y:
-            return logits.softmax(dim=-1).to(self.class_embed.weight.dtype) @ self.class_embed.weight
-        return self.class_embed(logits.argmax(dim=-1))
+            return soft
+        hard = self.class_embed(logits.argmax(dim=-1))
+        return hard + (soft - soft.detach()) if with_grad else hard
 
     def _transform(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """One recursion step's transformer: normalised tokens and the summed MoE auxiliary loss."""
@@ -331,8 +340,8 @@ class RecursiveClassifier(nn.Module):
         """Run all steps: final tokens (B, T + 2, d), logits of steps 1..T-1, mean MoE auxiliary loss.
 
         ``grad_window``: how many of its newest latents each step reads with their gradient (older
-        ones are read as values only; ``>= num_steps - 1``: the whole history); with 0 a soft
-        hypothesis is read without its gradient too.
+        ones are read as values only; ``>= num_steps - 1``: the whole history); with 0 the hypothesis
+        is read without its gradient too, else a hard one takes its soft mix's gradient straight through.
         """
         summary = x_feat.unsqueeze(1) + self.role_embed[0]
         B = summary.shape[0]
@@ -357,7 +366,7 @@ class RecursiveClassifier(nn.Module):
             if self.num_classes > 0:
                 logits = self.head(self.head_drop(tokens[:, 1]))
                 step_logits.append(logits)
-                y = self._hypothesis_embed(logits if grad_window > 0 else logits.detach())
+                y = self._hypothesis_embed(logits, grad_window > 0)
         return tokens, step_logits, aux / max(1, self.num_moe_blocks * self.num_steps)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
