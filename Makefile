@@ -51,7 +51,7 @@ bench: $(STAMP)
 fashion-mnist: $(STAMP)
 	scripts/train_fashion_mnist.sh runs/fashion_mnist
 
-# Hub folders (runs/*/hub/) and model_cards/*.md of the runs above (after `make demo` and `make fashion-mnist`)
+# Hub folders (runs/*/hub/) and model_cards/*.md of the runs above (after `make demo` and scripts/ablations.sh)
 hub-folders: $(STAMP)
 	scripts/hub_folders.sh
 

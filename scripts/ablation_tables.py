@@ -6,7 +6,7 @@
 Reads every finished run's ``summary.json`` under the root (last epoch: no selection on the test
 split) and prints markdown: the three variants over their seeds (mean and sample standard deviation
 of the final step, each seed's value, training images/s), per-step top-1 of the variants (mean over
-seeds), the attention budget k, and the recursion depth. Missing runs are listed, not guessed.
+seeds), the attention budget k, the recursion depth, and the gradient path with the step weights. Missing runs are listed, not guessed.
 """
 import json
 import os
@@ -45,7 +45,10 @@ def variant_tables(root: str, missing: List[str]) -> List[str]:
     curves: Dict[str, List[float]] = {}
     for key, label in VARIANTS:
         runs = {}
-        for seed_dir in sorted(os.listdir(os.path.join(root, key))) if os.path.isdir(os.path.join(root, key)) else []:
+        variant_dir = os.path.join(root, key)
+        seed_dirs = [d for d in sorted(os.listdir(variant_dir)) if os.path.isdir(os.path.join(variant_dir, d))] \
+            if os.path.isdir(variant_dir) else []
+        for seed_dir in seed_dirs:
             summary = load_summary(os.path.join(root, key), seed_dir)
             if summary is None:
                 missing.append(f'{key}/{seed_dir}')
@@ -82,6 +85,24 @@ def single_run_table(root: str, rows, header: str, missing: List[str]) -> List[s
     return lines
 
 
+def gradient_table(root: str, missing: List[str]) -> List[str]:
+    lines = ['| gradient path | step weights | final-step top-1 (%) | step-1 top-1 (%) | step-2 top-1 (%) | '
+             'best step (top-1 %) | gain step 1 -> 16 (points) |', '| --- | --- | --- | --- | --- | --- | --- |']
+    for name, window, weights in (('dsa_moe/seed0', '`grad_window=1` (default)', 'uniform (default)'),
+                                  ('dsa_moe_window0', '`grad_window=0` (detached)', 'uniform'),
+                                  ('dsa_moe_linear', '`grad_window=1`', 'linear'),
+                                  ('dsa_moe_window0_linear', '`grad_window=0`', 'linear')):
+        summary = load_summary(root, name)
+        if summary is None:
+            missing.append(name)
+            continue
+        per_step = summary['final']['eval_top1_per_step']
+        best = max(range(len(per_step)), key=per_step.__getitem__)
+        lines.append(f'| {window} | {weights} | {per_step[-1]:.2f} | {per_step[0]:.2f} | {per_step[1]:.2f} | '
+                     f'{best + 1} ({per_step[best]:.2f}) | {per_step[-1] - per_step[0]:+.2f} |')
+    return lines
+
+
 def main(argv=None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     if len(args) != 1:
@@ -96,6 +117,7 @@ def main(argv=None) -> int:
     out += ['', '### Recursion depth (DSA-MoE, k=6, seed 0)', ''] + single_run_table(root, [
         ('dsa_moe_steps4', '4 steps', 4, 6), ('dsa_moe_steps8', '8 steps', 8, 6),
         ('dsa_moe/seed0', '16 steps', 16, 6)], header.format('steps'), missing)
+    out += ['', '### Gradient path and step weights (DSA-MoE, 16 steps, k=6, seed 0)', ''] + gradient_table(root, missing)
     any_run = next((load_summary(root, n) for n in ('dsa_moe/seed0', 'sa_mlp/seed0') if load_summary(root, n)), None)
     if any_run:
         out += ['', f'Training subset: {any_run["train_images"]} images, {any_run["epochs"]} epochs; evaluation: '

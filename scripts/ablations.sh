@@ -6,33 +6,50 @@
 #   variants  SA-MLP / SA-MoE / DSA-MoE, seeds 0 1 2 (mean and standard deviation)
 #   k         DSA-MoE with k=2 (seed 0) against k=6
 #   depth     DSA-MoE with 4 and 8 recursion steps (seed 0) against 16
+#   gradient  DSA-MoE with the history detached (grad_window=0) and with linear step weights
+#             (each with the default grad_window=1 and with 0), against the default (seed 0)
 # Every run resumes from its last saved epoch; finished runs are skipped. Tables for the README:
 #   python scripts/ablation_tables.py OUTPUT_ROOT
 # Usage: scripts/ablations.sh [OUTPUT_ROOT] [PARALLEL_RUNS] [extra train.py arguments]
+# Other scales through the environment: ABLATION_DATASET (fashion_mnist | mnist | cifar10 | cifar100,
+# the Hub datasets or, for the MNISTs, IDX files), ABLATION_SIZE (tiny | cifar: d=512, depth 4),
+# ABLATION_EPOCHS (4), ABLATION_TRAIN_SAMPLES (6000; 0 = all), ABLATION_EVAL_SAMPLES (5000; 0 = all),
+# ABLATION_THREADS (1 per run). With a GPU and the network, the source's scale on CIFAR-10:
+#   ABLATION_DATASET=cifar10 ABLATION_SIZE=cifar ABLATION_EPOCHS=100 ABLATION_TRAIN_SAMPLES=0 \
+#   ABLATION_EVAL_SAMPLES=0 scripts/ablations.sh runs/ablations_cifar10 1 --mixed-precision bf16 --workers 8
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/ablations}
 jobs=${2:-2}
 shift $(( $# < 2 ? $# : 2 ))
 extra=("$@")
+dataset=${ABLATION_DATASET:-fashion_mnist}
+size=${ABLATION_SIZE:-tiny}
+subset=()
+[ "${ABLATION_TRAIN_SAMPLES:-6000}" != 0 ] && subset+=(--max-train-samples "${ABLATION_TRAIN_SAMPLES:-6000}")
+[ "${ABLATION_EVAL_SAMPLES:-5000}" != 0 ] && subset+=(--max-eval-samples "${ABLATION_EVAL_SAMPLES:-5000}")
 
-run() {  # NAME MODEL SEED [model kwargs...]
-    local name=$1 model=$2 seed=$3
+run() {  # NAME MODEL SEED [model kwargs...] [-- train.py arguments...]
+    local name=$1 model=$2 seed=$3 kwargs=() args=()
     shift 3
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do kwargs+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    args=("$@")
     [ -f "$out/$name/summary.json" ] && { echo "done: $name"; return 0; }
     echo "training $name"
     mkdir -p "$(dirname "$out/$name")"
-    # one thread per run: the runs themselves share the cores
-    OMP_NUM_THREADS=1 .venv/bin/python train_scripts/train.py \
-        --model "recursive_${model}_tiny.fashion_mnist" --model-kwargs num_steps=16 "$@" \
-        --dataset fashion_mnist --max-train-samples 6000 --max-eval-samples 5000 --epochs 4 \
+    # one thread per run by default: the runs themselves share the cores
+    OMP_NUM_THREADS=${ABLATION_THREADS:-1} .venv/bin/python train_scripts/train.py \
+        --model "recursive_${model}_${size}.${dataset}" --model-kwargs num_steps=16 "${kwargs[@]}" \
+        --dataset "$dataset" "${subset[@]}" --epochs "${ABLATION_EPOCHS:-4}" \
         --batch-size 128 --lr 1e-3 --weight-decay 0.05 --warmup-epochs 1 --clip-grad 1.0 \
         --label-smoothing 0.1 --scale 0.75 1 --hflip 0.5 --seeds "$seed" \
-        --output "$out/$name" --resume --no-progress "${extra[@]}" > "$out/$name.log" 2>&1 \
+        --output "$out/$name" --resume --no-progress "${args[@]}" "${extra[@]}" > "$out/$name.log" 2>&1 \
         || { echo "FAILED: $name (see $out/$name.log)"; return 1; }
 }
 export -f run
-export out
+export out dataset size
+export subset_args="${subset[*]}"
 export extra_args="${extra[*]:-}"
 
 mkdir -p "$out"
@@ -42,5 +59,8 @@ mkdir -p "$out"
     echo "dsa_moe_k2 dsa_moe 0 topk=2"
     echo "dsa_moe_steps4 dsa_moe 0 num_steps=4"
     echo "dsa_moe_steps8 dsa_moe 0 num_steps=8"
+    echo "dsa_moe_window0 dsa_moe 0 grad_window=0"
+    echo "dsa_moe_linear dsa_moe 0 -- --step-weighting linear"
+    echo "dsa_moe_window0_linear dsa_moe 0 grad_window=0 -- --step-weighting linear"
     for seed in 1 2; do for v in dsa_moe sa_mlp sa_moe; do echo "${v}/seed${seed} $v $seed"; done; done
-} | xargs -P "$jobs" -L 1 bash -c 'extra=($extra_args); run "$@"' _
+} | xargs -P "$jobs" -L 1 bash -c 'extra=($extra_args); subset=($subset_args); run "$@"' _

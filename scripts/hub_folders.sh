@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Publish-ready Hub folders (weights, config.json, model card) of the models trained in this repo,
 # and their rendered cards copied to model_cards/: the FashionMNIST variants complete under ROOT
-# (default runs/fashion_mnist, from `make fashion-mnist`) and the demo's run (`make demo`).
+# (ROOT/recursive_<variant>_tiny as `make fashion-mnist` lays them out, or ROOT/<variant>/seed0 as
+# scripts/ablations.sh does; default runs/ablations) and the demo's run (`make demo`).
 # Usage: scripts/hub_folders.sh [ROOT]
 # Upload one with: python train_scripts/push_to_hub.py RUN --repo-id ORG/NAME --weights ...
 set -euo pipefail
@@ -10,15 +11,15 @@ export_one() {  # run folder, repo id, weights (best|last)
     .venv/bin/python train_scripts/push_to_hub.py "$1" --repo-id "$2" --weights "$3" --dry-run
     cp "$1/hub/README.md" "model_cards/${2#*/}.md"
 }
-root=${1:-runs/fashion_mnist}
+complete() {  # summary.json is written when a run completes
+    [ -f "$1/summary.json" ] || { echo "skipping $1: not a complete run" >&2; return 1; }
+}
+root=${1:-runs/ablations}
 for variant in dsa_moe sa_moe sa_mlp; do
     run="$root/recursive_${variant}_tiny"
-    if [ ! -f "$run/summary.json" ]; then  # written when a run completes
-        echo "skipping $run: not a complete run" >&2
-        continue
-    fi
+    [ -d "$run" ] || run="$root/$variant/seed0"
     # the last epoch: no model selection on the test split
-    export_one "$run" "timm-recursive/recursive_${variant}_tiny.fashion_mnist" last
+    if complete "$run"; then export_one "$run" "timm-recursive/recursive_${variant}_tiny.fashion_mnist" last; fi
 done
 # the demo selects its best epoch on a held-out tenth of the training split
-export_one runs/demo timm-recursive/recursive_dsa_moe_tiny.digits best
+if complete runs/demo; then export_one runs/demo timm-recursive/recursive_dsa_moe_tiny.digits best; fi

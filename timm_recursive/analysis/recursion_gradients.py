@@ -62,6 +62,7 @@ def main(argv=None) -> int:
                    help='grad_window values (>= num_steps - 1: the whole history)')
     p.add_argument('--batch-size', type=int, default=64, help='images of the evaluation split')
     p.add_argument('--seed', type=int, default=0, help='seed of the random weights (without --checkpoint)')
+    p.add_argument('--markdown', action='store_true', help='print a markdown table instead of JSON')
     args = p.parse_args(argv)
     if args.model is None and args.checkpoint is None:
         p.error('give --model and/or --checkpoint')
@@ -75,9 +76,24 @@ def main(argv=None) -> int:
         rows = splits.eval.select(range(args.batch_size))
         batch = collate_classification(list(rows.with_transform(create_dataset_transform(model, splits, False))))
         results[str(window)] = latent_gradients(model, batch['pixel_values'], batch['label'])
-    print(json.dumps({'model': args.model, 'checkpoint': args.checkpoint, 'dataset': args.dataset,
-                      'model_kwargs': base_kwargs, 'windows': results}, indent=1))
+    if args.markdown:
+        print(markdown_table(results))
+    else:
+        print(json.dumps({'model': args.model, 'checkpoint': args.checkpoint, 'dataset': args.dataset,
+                          'model_kwargs': base_kwargs, 'windows': results}, indent=1))
     return 0
+
+
+def markdown_table(results: Dict[str, Dict[str, List[float]]]) -> str:
+    """One row per window: gradient at the first, middle and last written latent; per-step norms."""
+    lines = ['| `grad_window` | latents with zero gradient | grad at z_1 | grad at z_mid | grad at z_last | '
+             'step-loss grad norm, min - max |', '| --- | --- | --- | --- | --- | --- |']
+    for window, r in results.items():
+        latent, norms = r['latent_grad'], r['step_grad_norm']
+        zero = sum(g == 0 for g in latent)
+        lines.append(f'| {window} | {zero} of {len(latent)} | {latent[0]:.3g} | {latent[len(latent) // 2]:.3g} | '
+                     f'{latent[-1]:.3g} | {min(norms):.3g} - {max(norms):.3g} |')
+    return '\n'.join(lines)
 
 
 if __name__ == '__main__':

@@ -1,7 +1,8 @@
 """Recursive classifier with Dynamic Sparse Attention and a Mixture-of-Experts FFN.
 
 A recursive visual classifier that refines a class hypothesis over ``num_steps`` steps against a
-growing history of latent states (design: DESIGN.md family 1, seed 000).
+growing history of latent states, as a technical summary of a recursive DSA-MoE classifier
+describes it (the README says what that source fixes and what this package chose).
 
 Three streams feed one shared transformer (the same weights at every step):
 
