@@ -10,14 +10,15 @@ OFFLINE_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # the entmax CPU kernel is compiled once into the checkout (not the home folder)
 TEST_ENV := $(OFFLINE_ENV) OMP_NUM_THREADS=1 TORCH_EXTENSIONS_DIR=$(CURDIR)/.cache/torch_extensions
 
-.PHONY: help install test test-fast demo bench efficiency fashion-mnist hub-folders clean
+.PHONY: help install test test-fast demo bench efficiency fashion-mnist ablations hub-folders clean
 
 help:
 	@echo "make demo    train a recursive DSA-MoE on digits, show it step by step, reload it (installs first)"
 	@echo "make test    create the environment and run every test"
 	@echo "make bench   training-speed benchmark of SA-MLP, SA-MoE, DSA-MoE (slow, not a test)"
 	@echo "make fashion-mnist  the README's FashionMNIST results: three variants, 24 epochs (about 3 h on 2 CPU cores)"
-	@echo "make hub-folders    publish-ready Hub folders and model_cards/ of those runs and the demo's"
+	@echo "make ablations      the source's ablations on a FashionMNIST subset (variants x 3 seeds, k, depth, gradient path; about 2 h on 2 CPU cores)"
+	@echo "make hub-folders    publish-ready Hub folders and model_cards/ of the ablations' seed-0 runs and the demo's"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +51,11 @@ bench: $(STAMP)
 # the FashionMNIST IDX files come from the Hub or Debian's dataset-fashion-mnist package
 fashion-mnist: $(STAMP)
 	scripts/train_fashion_mnist.sh runs/fashion_mnist
+
+# the README's ablation tables; a stopped run resumes, finished ones are skipped
+ablations: $(STAMP)
+	scripts/ablations.sh runs/ablations
+	$(PY) scripts/ablation_tables.py runs/ablations
 
 # Hub folders (runs/*/hub/) and model_cards/*.md of the runs above (after `make demo` and scripts/ablations.sh)
 hub-folders: $(STAMP)
