@@ -182,7 +182,7 @@ def _tokenfuse_context(model, run: Dict) -> Dict[str, str]:
                     'fewer tokens.'),
         'architecture_description': (
             f'with token fusion after the attention of blocks {blocks} (counting from 1): the patch tokens are '
-            f'ranked by the [CLS] attention row, the top {first.keep_rate if first else 1:g} of them kept and the '
+            f'ranked by the [CLS] attention row, the top {first.keep_rate if first else 1:.0%} of them kept and the '
             f'rest merged into {first.num_fused_tokens if first else 0} tokens by density-peak kNN clustering and '
             f'importance-weighted means. Tokens per block: {counts}. No learnable parameters are added, so DeiT '
             'checkpoints load unchanged.'),
@@ -237,7 +237,8 @@ def _card_context(model, run: Dict, record: Dict, weights_note: str, repo_id: st
     for key in ('epochs', 'batch_size', 'opt', 'lr', 'weight_decay', 'layer_decay', 'sched', 'warmup_epochs',
                 'clip_grad', 'label_smoothing', 'mixup', 'cutmix', 'model_ema', 'step_weighting', 'aux_loss_coef',
                 'mixed_precision', 'input_size', 'scale', 'hflip', 'seed'):
-        if args.get(key) is not None:
+        recursive_only = key in ('step_weighting', 'aux_loss_coef') and not hasattr(model, 'forward_steps')
+        if args.get(key) is not None and not recursive_only:
             recipe.append([f'`{key}`', f'`{args[key]}`'])
     top5 = record.get('eval_top5_per_step') or [None] * len(record['eval_top1_per_step'])
     steps = [[t, f'{a:.2f}', '-' if b is None else f'{b:.2f}']
