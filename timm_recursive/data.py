@@ -26,7 +26,7 @@ import numpy as np
 
 __all__ = [
     'DATASET_ALIASES', 'IDX_DIRS', 'DatasetSplits', 'DatasetError', 'resolve_dataset', 'read_idx',
-    'create_dataset_transform',
+    'create_dataset_transform', 'hold_out',
 ]
 
 DATASET_ALIASES = {
@@ -208,11 +208,14 @@ def resolve_dataset(
         train_split: Optional[str] = None,
         eval_split: Optional[str] = None,
         num_classes: Optional[int] = None,
+        holdout_eval_fraction: float = 0.,
 ) -> DatasetSplits:
     """Resolve ``name`` (see the module docstring) to checked train/eval splits.
 
     Columns and splits are detected (``img``/``image``, ``label``/``fine_label``; ``train`` and
     ``test``/``validation``) unless given. ``num_classes``, when given, must cover every label.
+    A dataset with a train split only (e.g. a flat folder of class folders) gets its eval split
+    from ``holdout_eval_fraction`` of the train split (stratified, seed 0) when that is > 0.
     """
     if name == 'digits':
         dd, source, notes = _load_digits(), "scikit-learn's bundled digits (stratified 75/25 split, seed 0)", []
@@ -222,10 +225,17 @@ def resolve_dataset(
         dd, source, notes = _load_named(name)
 
     train = _pick(list(dd), train_split, ('train',), 'train split')
-    evaluation = _pick(list(dd), eval_split, ('test', 'validation', 'valid', 'val'), 'eval split')
     columns = dd[train].column_names
     image = _pick(columns, image_column, IMAGE_COLUMNS, 'image column', f' in split {train!r}')
     label = _pick(columns, label_column, LABEL_COLUMNS, 'label column', f' in split {train!r}')
+    if eval_split is None and set(dd) == {train}:
+        if holdout_eval_fraction <= 0:
+            raise DatasetError(f'{source} has only a {train!r} split: name an eval split, or hold out a fraction '
+                               'of the train split as one (train.py --val-fraction)')
+        dd = dict(zip((train, 'heldout'), hold_out(dd[train], holdout_eval_fraction, label)))
+        notes = [*notes, f'{name} has only a {train!r} split: {holdout_eval_fraction:g} of it (stratified, '
+                         f'seed 0) is held out as the eval split']
+    evaluation = _pick(list(dd), eval_split, ('test', 'validation', 'valid', 'val', 'heldout'), 'eval split')
     for split in (train, evaluation):
         if len(dd[split]) == 0:
             raise DatasetError(f'split {split!r} of {source} is empty')
@@ -246,6 +256,14 @@ def resolve_dataset(
     return DatasetSplits(
         train=dd[train], eval=dd[evaluation], image_column=image, label_column=label, num_classes=num_classes,
         class_names=class_names, source=source, notes=notes)
+
+
+def hold_out(dataset, fraction: float, label_column: str):
+    """``(rest, held_out)``: ``fraction`` of ``dataset`` held out, stratified by class labels when they are
+    a ``ClassLabel``, with a fixed seed (0) so that a resumed or repeated run holds out the same rows."""
+    stratify = label_column if hasattr(dataset.features[label_column], 'names') else None
+    parts = dataset.train_test_split(test_size=fraction, seed=0, stratify_by_column=stratify)
+    return parts['train'], parts['test']
 
 
 def _to_pil(image, mode: str):

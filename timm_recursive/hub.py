@@ -22,19 +22,29 @@ from typing import Dict, List, Optional
 import torch
 
 from timm_recursive.layers import DynamicSparseAttention
-from timm_recursive.training import CheckpointError, create_model_from_checkpoint, export_model, replace_dir
+from timm_recursive.training import (
+    INSTALL_COMMAND, CheckpointError, create_model_from_checkpoint, export_model, replace_dir)
 
-__all__ = ['HubError', 'load_run', 'export_run', 'render_model_card', 'push_to_hub', 'CARD_TEMPLATES']
+__all__ = ['HubError', 'load_run', 'export_run', 'render_model_card', 'push_to_hub', 'CARD_TEMPLATES', 'FAMILIES',
+           'base_model_id', 'hub_dataset_id']
 
 CARD_TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'model_cards')
-# model class -> card template in CARD_TEMPLATES
-FAMILY_TEMPLATES = {'RecursiveClassifier': 'recursive_classifier.md'}
 VARIANTS = {
     ('dense', 'mlp'): ('SA-MLP', 'dense multi-head attention, dense MLP of hidden 4d'),
     ('dense', 'moe'): ('SA-MoE', 'dense multi-head attention, Mixture-of-Experts FFN'),
     ('dsa', 'moe'): ('DSA-MoE', 'Dynamic Sparse Attention, Mixture-of-Experts FFN'),
     ('dsa', 'mlp'): ('DSA-MLP', 'Dynamic Sparse Attention, dense MLP'),
 }
+PROJECT_URL = 'https://github.com/timm-recursive/timm-recursive'
+CITATION = f"""## Citation
+
+```bibtex
+@software{{timm_recursive,
+  title = {{timm-recursive: recursive DSA-MoE classifiers, entmax ViTs and token-fusion DeiTs for timm}},
+  year = {{2026}},
+  url = {{{PROJECT_URL}}}
+}}
+```"""
 # Hub dataset ids of the names train.py accepts (for the card's `datasets` metadata)
 DATASET_IDS = {'digits': 'scikit-learn/digits'}
 
@@ -96,13 +106,14 @@ def _format_tuple(values) -> str:
     return '(' + ', '.join(f'{v:g}' if isinstance(v, float) else str(v) for v in values) + ')'
 
 
-def _card_context(model, run: Dict, record: Dict, weights_note: str, repo_id: str, cfg: Dict) -> Dict[str, str]:
+def _recursive_context(model, run: Dict) -> Dict[str, str]:
+    """What the recursive classifier's card says about its architecture and efficiency."""
     from timm_recursive.analysis.efficiency import active_params, format_table
     from timm_recursive.efficiency import build_reports
 
-    args, summary = run['args'], run['summary']
+    args = run['args']
     arch = model.pretrained_cfg['architecture']
-    kwargs = summary.get('model_kwargs') or {}
+    kwargs = run['summary'].get('model_kwargs') or {}
     block = model.blocks[0]
     variant, description = VARIANTS[('dsa' if isinstance(block.attn, DynamicSparseAttention) else 'dense',
                                      'moe' if block.moe is not None else 'mlp')]
@@ -111,36 +122,143 @@ def _card_context(model, run: Dict, record: Dict, weights_note: str, repo_id: st
     parts = arch.split('_')
     names = list(dict.fromkeys(['_'.join([parts[0], 'sa', 'mlp', *parts[3:]]), arch]))
     specs = [f'{name}:{spec_args}' if spec_args else name for name in names]
-    recipe = []
-    for key in ('epochs', 'batch_size', 'opt', 'lr', 'weight_decay', 'sched', 'warmup_epochs', 'clip_grad',
-                'label_smoothing', 'mixup', 'cutmix', 'model_ema', 'step_weighting', 'aux_loss_coef',
-                'mixed_precision', 'scale', 'hflip', 'seed'):
-        if key in args:
-            recipe.append([f'`{key}`', f'`{args[key]}`'])
-    top5 = record.get('eval_top5_per_step') or [None] * len(record['eval_top1_per_step'])
-    steps = [[t, f'{a:.2f}', '-' if b is None else f'{b:.2f}']
-             for t, (a, b) in enumerate(zip(record['eval_top1_per_step'], top5), start=1)]
-    dataset = summary['dataset']
-    stored = sum(p.numel() for p in model.parameters())
     return {
-        'title': f'{arch} trained on {dataset}',
         'variant': variant,
         'variant_description': description,
-        'dataset_name': dataset,
-        'dataset_source': summary.get('dataset_source', dataset),
-        'architecture': arch,
         'num_steps': str(model.num_steps),
         'grad_window': str(model.grad_window),
         'embed_dim': str(model.embed_dim),
         'depth': str(len(model.blocks)),
         'encoder_chans': '/'.join(str(s[0].out_channels) for s in model.stages),
-        'params_stored': f'{stored / 1e6:.2f}M',
         'params_active': f'{active_params(model) / 1e6:.2f}M',
-        'input_size': 'x'.join(str(s) for s in cfg['input_size']),
-        'mean': _format_tuple(cfg['mean']),
-        'std': _format_tuple(cfg['std']),
         'step_weighting': str(args.get('step_weighting', 'uniform')),
         'aux_loss_coef': str(args.get('aux_loss_coef')),
+        'efficiency_specs': ' '.join(specs),
+        'efficiency_table': format_table(build_reports(specs)),
+    }
+
+
+def _vit_context(model) -> Dict[str, str]:
+    """Architecture figures shared by the ViT-based families (entmax ViTs, token-fusion DeiTs)."""
+    return {
+        'embed_dim': str(model.embed_dim),
+        'depth': str(len(model.blocks)),
+        'num_heads': str(model.blocks[0].attn.num_heads),
+        'patch_size': 'x'.join(str(p) for p in model.patch_embed.patch_size),
+    }
+
+
+def _entmax_context(model, run: Dict) -> Dict[str, str]:
+    alpha = f'{model.alpha:g}'
+    return {
+        **_vit_context(model),
+        'summary': (f'A Vision Transformer whose attention is normalised by **entmax-{alpha}** instead of softmax, '
+                    f'from [timm-recursive]({PROJECT_URL}), trained on **{_dataset_name(run)}**. Entmax gives exact '
+                    'zeros to low-scoring query-key pairs: sparse attention maps with no new parameters, no '
+                    'register tokens and global connectivity kept.'),
+        'architecture_description': (
+            f'with `EntmaxAttention` (alpha = {alpha}; 1 is softmax, 2 sparsemax) in every block. The parameters '
+            'are exactly those of the softmax ViT of the same size, so its checkpoints load unchanged.'),
+        'source_design': ("entmax-1.5 attention for ViTs, from a technical summary of sparse (entmax) attention in DINO ViTs: "
+                          'sparser, cleaner attention maps and patch features.'),
+        'runtime_note': ('The entmax-1.5 CPU kernel is compiled on first use (a C++ compiler and `ninja`; otherwise a '
+                         'slower tensor-level solver runs). `torch.onnx.export`, `torch.export` and `torch.compile` '
+                         'take the tensor-level solver automatically.'),
+        'research_use': 'Research on sparse attention in Vision Transformers; a starting point to fine-tune from.',
+    }
+
+
+def _tokenfuse_context(model, run: Dict) -> Dict[str, str]:
+    from timm_recursive.models.deit_tokenfuse import TokenFusionBlock
+    fusions = {i: block.fusion for i, block in enumerate(model.blocks) if isinstance(block, TokenFusionBlock)}
+    first = next(iter(fusions.values()), None)
+    blocks = ', '.join(str(i + 1) for i in fusions) or 'none'
+    counts = ' -> '.join(str(n) for n in dict.fromkeys(
+        [model.patch_embed.num_patches + model.num_prefix_tokens, *model.token_counts()]))
+    return {
+        **_vit_context(model),
+        'summary': (f'A **token-fusion DeiT** from [timm-recursive]({PROJECT_URL}), trained on '
+                    f'**{_dataset_name(run)}**. After the attention of a few blocks it keeps the patch tokens the '
+                    '[CLS] token attends to most and merges the others by clustering, so the later blocks run on '
+                    'fewer tokens.'),
+        'architecture_description': (
+            f'with token fusion after the attention of blocks {blocks} (counting from 1): the patch tokens are '
+            f'ranked by the [CLS] attention row, the top {first.keep_rate if first else 1:.0%} of them kept and the '
+            f'rest merged into {first.num_fused_tokens if first else 0} tokens by density-peak kNN clustering and '
+            f'importance-weighted means. Tokens per block: {counts}. No learnable parameters are added, so DeiT '
+            'checkpoints load unchanged.'),
+        'source_design': "token decoupling and fusion, from a technical summary of a token decoupling-and-fusion DeiT (the README lists what it fixes and what this package chose).",
+        'runtime_note': ('`torch.onnx.export` and `torch.export` work (the ranking then uses a full top-k and the '
+                         'distances are spelled out); the token counts are fixed by the input size.'),
+        'research_use': 'Research on token reduction for Vision Transformers; a starting point to fine-tune from.',
+    }
+
+
+# model class -> (card template in CARD_TEMPLATES, its architecture context, Hub tags)
+FAMILIES = {
+    'RecursiveClassifier': ('recursive_classifier.md', _recursive_context, ['recursive-classifier']),
+    'EntmaxVisionTransformer': ('vision_transformer.md', _entmax_context,
+                                ['vision-transformer', 'entmax', 'sparse-attention']),
+    'TokenFusionVisionTransformer': ('vision_transformer.md', _tokenfuse_context,
+                                     ['vision-transformer', 'deit', 'token-fusion']),
+}
+
+
+def base_model_id(run: Dict) -> Optional[str]:
+    """The Hub id of the checkpoint a run started from (``--pretrained``), else None."""
+    import timm
+    args = run['args']
+    if not args.get('pretrained'):
+        return None
+    name = args['model']
+    if name.startswith('hf-hub:'):
+        return name[len('hf-hub:'):]
+    cfg = timm.models.get_pretrained_cfg(name) if timm.is_model(name.split('.')[0]) else None
+    return getattr(cfg, 'hf_hub_id', None) or None
+
+
+def hub_dataset_id(dataset: str) -> Optional[str]:
+    """The Hub dataset id of a dataset argument of train.py; None for a local folder or file."""
+    from timm_recursive.data import DATASET_ALIASES
+    if dataset in DATASET_IDS:
+        return DATASET_IDS[dataset]
+    if os.path.exists(dataset) or os.path.isabs(dataset) or dataset.startswith('.'):
+        return None
+    return DATASET_ALIASES.get(dataset, dataset)
+
+
+def _dataset_name(run: Dict) -> str:
+    return os.path.basename(os.path.normpath(run['summary']['dataset']))
+
+
+def _card_context(model, run: Dict, record: Dict, weights_note: str, repo_id: str, cfg: Dict) -> Dict[str, str]:
+    args, summary = run['args'], run['summary']
+    arch = model.pretrained_cfg['architecture']
+    recipe = []
+    for key in ('epochs', 'batch_size', 'opt', 'lr', 'weight_decay', 'layer_decay', 'sched', 'warmup_epochs',
+                'clip_grad', 'label_smoothing', 'mixup', 'cutmix', 'model_ema', 'step_weighting', 'aux_loss_coef',
+                'mixed_precision', 'input_size', 'scale', 'hflip', 'seed'):
+        recursive_only = key in ('step_weighting', 'aux_loss_coef') and not hasattr(model, 'forward_steps')
+        if args.get(key) is not None and not recursive_only:
+            recipe.append([f'`{key}`', f'`{args[key]}`'])
+    top5 = record.get('eval_top5_per_step') or [None] * len(record['eval_top1_per_step'])
+    steps = [[t, f'{a:.2f}', '-' if b is None else f'{b:.2f}']
+             for t, (a, b) in enumerate(zip(record['eval_top1_per_step'], top5), start=1)]
+    dataset = summary['dataset']
+    base = base_model_id(run)
+    in_chans = int(cfg['input_size'][0])
+    return {
+        'title': f'{arch} trained on {_dataset_name(run)}',
+        'dataset_name': _dataset_name(run),
+        'dataset_source': summary.get('dataset_source', dataset),
+        'architecture': arch,
+        'base_model_note': (f'Fine-tuned from [`{base}`](https://huggingface.co/{base}).' if base
+                            else 'Trained from random initialisation.'),
+        'params_stored': f'{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M',
+        'input_size': 'x'.join(str(s) for s in cfg['input_size']),
+        'image_mode': 'L' if in_chans == 1 else 'RGB',
+        'mean': _format_tuple(cfg['mean']),
+        'std': _format_tuple(cfg['std']),
         'epochs': str(summary['epochs']),
         'train_images': str(summary.get('train_images', '?')),
         'command': summary.get('command') or args.get('command') or 'python train_scripts/train.py (not recorded)',
@@ -149,14 +267,18 @@ def _card_context(model, run: Dict, record: Dict, weights_note: str, repo_id: st
         'eval_images': str(summary.get('eval_images', '?')),
         'epoch': str(record['epoch']),
         'step_table': _table(steps),
+        'top1': f'{record["eval_top1_per_step"][-1]:.2f}',
+        'top5': '-' if top5[-1] is None else f'{top5[-1]:.2f}',
         'train_images_per_s': f'{record["train_images_per_s"]:.0f}',
         'eval_images_per_s': f'{record["eval_images_per_s"]:.0f}',
         'hardware': summary.get('hardware', 'unrecorded hardware'),
-        'efficiency_specs': ' '.join(specs),
-        'efficiency_table': format_table(build_reports(specs)),
         'repo_id': repo_id,
         'num_classes': str(model.num_classes),
         'seed': str(summary.get('seed', args.get('seed'))),
+        'install_note': (f'The architecture is not part of timm: install [timm-recursive]({PROJECT_URL}) and import '
+                         f'it before `timm.create_model` (plain timm answers `Unknown model ({arch})`).\n\n'
+                         f'```bash\n{INSTALL_COMMAND}\n```'),
+        'citation': CITATION,
     }
 
 
@@ -167,44 +289,43 @@ def render_model_card(model, run: Dict, record: Dict, weights_note: str, repo_id
     ``pretrained_cfg`` is the exported ``config.json``'s (input size, mean and std as users will load them).
 
     Every figure comes from the run's records or is computed from the architecture; a template
-    placeholder without a value is an error, never left in the card.
+    placeholder without a value is an error, never left in the card. The front matter names the
+    dataset (and carries the ``model-index`` results) only when it is a Hub dataset, and the
+    ``base_model`` when the run started from a pretrained checkpoint.
     """
     from huggingface_hub import EvalResult, ModelCard, ModelCardData  # ModelCard() validates the metadata
 
     family = type(model).__name__
-    if family not in FAMILY_TEMPLATES:
-        raise HubError(f'no model card template for {family} (templates: {sorted(FAMILY_TEMPLATES)})')
-    with open(os.path.join(CARD_TEMPLATES, FAMILY_TEMPLATES[family])) as f:
+    if family not in FAMILIES:
+        raise HubError(f'no model card template for {family} (templates: {sorted(FAMILIES)})')
+    template_name, family_context, family_tags = FAMILIES[family]
+    with open(os.path.join(CARD_TEMPLATES, template_name)) as f:
         template = string.Template(f.read())
-    context = _card_context(model, run, record, weights_note, repo_id, pretrained_cfg)
+    context = {**_card_context(model, run, record, weights_note, repo_id, pretrained_cfg),
+               **family_context(model, run)}
     try:
         body = template.substitute(context)
     except KeyError as e:
-        raise HubError(f'model card template {FAMILY_TEMPLATES[family]} needs {e}, which the run does not record') from e
+        raise HubError(f'model card template {template_name} needs {e}, which the run does not record') from e
     dataset = run['summary']['dataset']
-    dataset_id = DATASET_IDS.get(dataset) or _hub_dataset_id(dataset)
+    dataset_id = hub_dataset_id(dataset)
     split = run['args'].get('eval_split') or 'test'
     results = [
-        EvalResult(task_type='image-classification', dataset_type=dataset_id, dataset_name=dataset,
+        EvalResult(task_type='image-classification', dataset_type=dataset_id, dataset_name=context['dataset_name'],
                    dataset_split=split, metric_type='accuracy', metric_name=f'{name} (final step)',
                    metric_value=round(record[key][-1], 2))
         for name, key in (('top-1 accuracy', 'eval_top1_per_step'), ('top-5 accuracy', 'eval_top5_per_step'))
-        if record.get(key)
+        if record.get(key) and dataset_id
     ]
+    tags = ['image-classification', 'timm', 'timm-recursive', *family_tags]
+    if 'variant' in context:
+        tags.append(context['variant'].lower())
     data = ModelCardData(
         library_name='timm', license=license or model.pretrained_cfg.get('license') or 'apache-2.0',
-        tags=['image-classification', 'timm', 'timm-recursive', 'recursive-classifier',
-              context['variant'].lower()],
-        datasets=[dataset_id], metrics=['accuracy'], pipeline_tag='image-classification',
-        model_name=repo_id.split('/')[-1], eval_results=results)
+        tags=tags, datasets=[dataset_id] if dataset_id else None, metrics=['accuracy'],
+        pipeline_tag='image-classification', base_model=base_model_id(run),
+        model_name=repo_id.split('/')[-1], eval_results=results or None)
     return ModelCard(f'---\n{data.to_yaml()}\n---\n\n{body}').content
-
-
-def _hub_dataset_id(dataset: str) -> str:
-    from timm_recursive.data import DATASET_ALIASES
-    if os.path.exists(dataset):
-        return os.path.basename(os.path.normpath(dataset))
-    return DATASET_ALIASES.get(dataset, dataset)
 
 
 def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weights: str = 'best',

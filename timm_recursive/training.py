@@ -27,10 +27,13 @@ __all__ = [
     'STEP_WEIGHTINGS', 'CheckpointError', 'StepOutputs', 'step_weights', 'deep_supervision_loss',
     'evaluate_steps', 'save_state_atomic', 'load_state_checked', 'find_last_state', 'export_model',
     'write_json_atomic', 'load_weights', 'create_model_from_checkpoint', 'collate_classification',
-    'SeededSamples', 'create_classifier', 'replace_dir',
+    'SeededSamples', 'create_classifier', 'replace_dir', 'INSTALL_COMMAND',
 ]
 
 STEP_WEIGHTINGS = ('uniform', 'linear', 'last')
+# how a user without the package gets it (exported configs and model cards say so)
+INSTALL_COMMAND = 'pip install git+https://github.com/timm-recursive/timm-recursive'
+
 TRAINER_STATE = 'trainer_state.json'
 
 
@@ -274,7 +277,9 @@ def export_model(model: nn.Module, directory: str, label_names: Optional[List[st
     ``pretrained_cfg`` entries (e.g. ``tag``) override those of the model's pretrained config.
 
     The folder loads with ``timm.create_model('local-dir:<directory>')`` (after ``import
-    timm_recursive``) and is laid out as a Hugging Face Hub model repository.
+    timm_recursive``) and is laid out as a Hugging Face Hub model repository. Its ``config.json``
+    says (``requires``) how to install the package and that the import must come first: plain timm
+    only answers ``Unknown model``.
     """
     from timm.models import save_for_hf
 
@@ -282,7 +287,16 @@ def export_model(model: nn.Module, directory: str, label_names: Optional[List[st
 
     tmp = f'{directory}.tmp'
     shutil.rmtree(tmp, ignore_errors=True)
+    from timm_recursive import __version__
+
+    arch = model.pretrained_cfg['architecture']
     model_config = {'label_names': list(label_names)} if label_names else {}
+    model_config['requires'] = {
+        'package': f'timm-recursive>={__version__}',
+        'install': INSTALL_COMMAND,
+        'usage': f'import timm_recursive before timm.create_model: it registers {arch} with timm '
+                 f'(without it timm raises "Unknown model ({arch})")',
+    }
     if pretrained_cfg:
         model_config['pretrained_cfg'] = dict(pretrained_cfg)
     with quiet_channel_warnings():

@@ -13,6 +13,11 @@ A run folder holds ``args.json``, ``metrics.jsonl`` (one JSON object per epoch),
 ``checkpoints/`` (``Accelerator.save_state`` folders written atomically every epoch and on
 SIGINT/SIGTERM; ``--resume`` continues from the newest) and ``model/`` (the best weights as
 ``model.safetensors`` + ``config.json``, loadable with ``timm.create_model('local-dir:...')``).
+
+timm's own ``train.py`` names are accepted where they mean the same (``-b``, ``-j``, ``--amp``,
+``--img-size``/``--input-size``, ``--drop``, ``--layer-decay``, ``--channels-last``,
+``--grad-checkpointing``, ``--torchcompile``, ``--seed``, ``--log-wandb``); abbreviations of option
+names are refused rather than guessed (``--drop`` is not ``--drop-path``).
 """
 import argparse
 import json
@@ -34,7 +39,7 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3, ParseKwargs
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
+from timm_recursive.data import DatasetError, create_dataset_transform, hold_out, resolve_dataset
 from timm_recursive.training import (
     STEP_WEIGHTINGS, CheckpointError, SeededSamples, StepOutputs, collate_classification, create_classifier, deep_supervision_loss, evaluate_steps, export_model,
     find_last_state, load_state_checked, save_state_atomic, step_weights, write_json_atomic)
@@ -42,19 +47,33 @@ from timm_recursive.training import (
 _logger = logging.getLogger('train')
 
 # the run configuration a resumed state must match (anything else, e.g. --epochs, may change)
-RESUME_KEYS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'dataset', 'batch_size', 'grad_accum_steps',
-               'opt', 'model_ema', 'seed')
+RESUME_KEYS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'input_size', 'dataset', 'batch_size',
+               'grad_accum_steps', 'opt', 'model_ema', 'seed')
+AMP_DTYPES = {'float16': 'fp16', 'bfloat16': 'bf16'}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # allow_abbrev=False: a prefix of an option is an error, never silently another option
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                allow_abbrev=False)
     g = p.add_argument_group('model')
     g.add_argument('--model', default='recursive_dsa_moe_tiny', help='registered model name, optionally with a .tag')
     g.add_argument('--pretrained', action='store_true', help='start from the pretrained weights of --model')
     g.add_argument('--num-classes', type=int, default=None, help='classes (default: the dataset\'s)')
     g.add_argument('--in-chans', type=int, default=None, help='input channels (default: the pretrained config\'s)')
     g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs, help='e.g. num_steps=8 topk=6')
+    g.add_argument('--drop', type=float, default=None, help='dropout rate (timm\'s drop_rate)')
     g.add_argument('--drop-path', type=float, default=None, help='stochastic depth rate')
+    g.add_argument('--img-size', type=int, default=None, help='input image size (default: the pretrained config\'s)')
+    g.add_argument('--input-size', type=int, nargs=3, default=None, metavar=('C', 'H', 'W'),
+                   help='input channels, height and width (default: the pretrained config\'s); a ViT is built '
+                        'for that size (pretrained position embeddings are resampled)')
+    g.add_argument('--grad-checkpointing', action='store_true', help='recompute activations in the backward')
+    g.add_argument('--channels-last', action='store_true',
+                   help='feed images in channels-last layout (convolutions then run channels-last); parameters '
+                        'stay contiguous, since safetensors (states, exports) stores contiguous tensors only')
+    g.add_argument('--torchcompile', nargs='?', const='inductor', default=None, metavar='BACKEND',
+                   help='torch.compile the training forward (default backend: inductor)')
     g = p.add_argument_group('data')
     g.add_argument('--dataset', default='digits', help='digits, a Hub id or alias, or a local folder')
     g.add_argument('--image-column', default=None)
@@ -66,19 +85,21 @@ def parse_args(argv=None):
                         'with 0 the best model is selected on the eval split')
     g.add_argument('--max-train-samples', type=int, default=None, help='use only the first N training images')
     g.add_argument('--max-eval-samples', type=int, default=None, help='use only the first N eval images')
-    g.add_argument('--workers', type=int, default=0, help='data loader worker processes')
+    g.add_argument('-j', '--workers', type=int, default=0, help='data loader worker processes')
     g.add_argument('--scale', type=float, nargs=2, default=(0.08, 1.0), help='RandomResizedCrop scale range')
     g.add_argument('--ratio', type=float, nargs=2, default=(3. / 4., 4. / 3.), help='RandomResizedCrop aspect range')
     g.add_argument('--hflip', type=float, default=0.5, help='horizontal flip probability')
     g.add_argument('--no-aug', action='store_true', help='no training augmentation (eval transform)')
     g = p.add_argument_group('optimisation')
     g.add_argument('--epochs', type=int, default=20)
-    g.add_argument('--batch-size', type=int, default=128, help='per process, per accumulation step')
+    g.add_argument('-b', '--batch-size', type=int, default=128, help='per process, per accumulation step')
     g.add_argument('--eval-batch-size', type=int, default=256)
     g.add_argument('--grad-accum-steps', type=int, default=1)
     g.add_argument('--opt', default='adamw')
     g.add_argument('--lr', type=float, default=1e-3)
     g.add_argument('--weight-decay', type=float, default=0.05)
+    g.add_argument('--layer-decay', type=float, default=None,
+                   help='layer-wise learning-rate decay (timm\'s, through the model\'s group_matcher)')
     g.add_argument('--clip-grad', type=float, default=1.0,
                    help='clip the gradient norm to this value (0: off); the recursion shares weights over '
                         'every step, and unclipped Adam updates diverged on FashionMNIST at epoch 3')
@@ -96,15 +117,33 @@ def parse_args(argv=None):
     g.add_argument('--step-weighting', default='uniform', choices=STEP_WEIGHTINGS,
                    help='weights of the per-step losses (recursive models)')
     g.add_argument('--aux-loss-coef', type=float, default=0.01, help='coefficient of the MoE auxiliary loss')
-    g.add_argument('--mixed-precision', default='no', choices=('no', 'bf16', 'fp16'))
+    g.add_argument('--mixed-precision', default=None, choices=('no', 'bf16', 'fp16'), help='default: no')
+    g.add_argument('--amp', action='store_true', help='mixed precision in --amp-dtype (timm\'s name)')
+    g.add_argument('--amp-dtype', default='float16', choices=tuple(AMP_DTYPES))
     g = p.add_argument_group('run')
-    g.add_argument('--seeds', type=int, nargs='+', default=[0], help='one run per seed; mean and std reported')
+    g.add_argument('--seeds', '--seed', dest='seeds', type=int, nargs='+', default=[0],
+                   help='one run per seed; mean and std reported')
     g.add_argument('--output', default='runs/train', help='run folder (one sub-folder per seed when several)')
     g.add_argument('--resume', nargs='?', const='auto', default=None,
                    help='continue from the newest state in the run folder, or from the given state folder')
     g.add_argument('--keep-states', type=int, default=2, help='training states kept in checkpoints/')
     g.add_argument('--no-progress', action='store_true', help='no progress bars')
+    g.add_argument('--log-with', nargs='+', default=None, metavar='TRACKER',
+                   help='Accelerate experiment trackers to log every epoch to (e.g. wandb, tensorboard, mlflow, all)')
+    g.add_argument('--log-wandb', action='store_true', help='timm\'s name for --log-with wandb')
+    g.add_argument('--experiment', default='timm-recursive', help='tracker project name')
     args = p.parse_args(argv)
+    if args.epochs < 1:
+        p.error(f'--epochs must be at least 1, got {args.epochs}')
+    if args.amp:
+        if args.mixed_precision not in (None, AMP_DTYPES[args.amp_dtype]):
+            p.error(f'--amp --amp-dtype {args.amp_dtype} contradicts --mixed-precision {args.mixed_precision}')
+        args.mixed_precision = AMP_DTYPES[args.amp_dtype]
+    args.mixed_precision = args.mixed_precision or 'no'
+    if args.img_size is not None and args.input_size is not None:
+        p.error('give --img-size or --input-size, not both')
+    if args.log_wandb:
+        args.log_with = list(dict.fromkeys([*(args.log_with or []), 'wandb']))
     if args.val_fraction < 0 or args.val_fraction >= 1:
         p.error(f'--val-fraction must be in [0, 1), got {args.val_fraction}')
     if args.resume not in (None, 'auto') and len(args.seeds) > 1:
@@ -159,23 +198,70 @@ def step_seed(seed: int, epoch: int, step: int) -> int:
     return (seed * 1_000_003 + epoch * 100_003 + step) % (2 ** 32)
 
 
-def create_model(args, num_classes: int):
-    """The model of ``--model`` and its input channels (default: its pretrained config's)."""
+def input_size_override(args):
+    """``(in_chans or None, (H, W))`` from ``--input-size`` / ``--img-size``, or None when neither is given."""
+    if args.input_size is not None:
+        chans, height, width = args.input_size
+        if args.in_chans is not None and args.in_chans != chans:
+            raise CheckpointError(f'--in-chans {args.in_chans} contradicts --input-size {chans} {height} {width}')
+        return chans, (height, width)
+    return (args.in_chans, (args.img_size, args.img_size)) if args.img_size is not None else None
+
+
+def architecture_kwargs(args) -> dict:
+    """``--model-kwargs`` plus the image size that a model built for one size (a ViT) must be built for
+    under ``--input-size``/``--img-size``: what rebuilds the architecture (recorded in ``args.json``)."""
+    import timm
     kwargs = dict(args.model_kwargs)
-    if args.drop_path is not None:
-        kwargs['drop_path_rate'] = args.drop_path
-    model = create_classifier(args.model, num_classes, pretrained=args.pretrained, in_chans=args.in_chans, **kwargs)
-    return model, int(model.pretrained_cfg.get('input_size', (3,))[0]) if args.in_chans is None else args.in_chans
+    override = input_size_override(args)
+    cfg = timm.models.get_pretrained_cfg(args.model) if timm.is_model(args.model.split('.')[0]) else None
+    if override is not None and cfg is not None and cfg.fixed_input_size:
+        kwargs.setdefault('img_size', list(override[1]))
+    return kwargs
+
+
+def create_model(args, num_classes: int):
+    """The model of ``--model`` and its input channels (default: its pretrained config's).
+
+    ``--input-size``/``--img-size`` replace the input size of the model's pretrained config (which the
+    data transforms and the exported ``config.json`` read); a model built for one size (a ViT) is
+    built for the new one.
+    """
+    kwargs = architecture_kwargs(args)
+    for option, name in (('drop', 'drop_rate'), ('drop_path', 'drop_path_rate')):
+        if getattr(args, option) is not None:
+            kwargs[name] = getattr(args, option)
+    override = input_size_override(args)
+    in_chans = args.in_chans if override is None else override[0]
+    model = create_classifier(args.model, num_classes, pretrained=args.pretrained, in_chans=in_chans, **kwargs)
+    in_chans = int(model.pretrained_cfg.get('input_size', (3,))[0]) if in_chans is None else in_chans
+    if override is not None:
+        model.pretrained_cfg = {**model.pretrained_cfg, 'input_size': (in_chans, *override[1])}
+    if args.grad_checkpointing:
+        model.set_grad_checkpointing(True)
+    return model, in_chans
+
+
+def tracker_values(values: dict) -> dict:
+    """``values`` as trackers take them: numbers and strings, lists spread into one key per element."""
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
+            flat.update({f'{key}/{i + 1}': v for i, v in enumerate(value)})
+        elif isinstance(value, (int, float, str, bool)):
+            flat[key] = value
+        elif value is not None:
+            flat[key] = json.dumps(value)
+    return flat
 
 
 def load_splits(args):
     splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
-                             train_split=args.train_split, eval_split=args.eval_split, num_classes=args.num_classes)
+                             train_split=args.train_split, eval_split=args.eval_split, num_classes=args.num_classes,
+                             holdout_eval_fraction=args.val_fraction)
     selection = None
     if args.val_fraction > 0:
-        stratify = splits.label_column if hasattr(splits.train.features[splits.label_column], 'names') else None
-        parts = splits.train.train_test_split(test_size=args.val_fraction, seed=0, stratify_by_column=stratify)
-        splits.train, selection = parts['train'], parts['test']
+        splits.train, selection = hold_out(splits.train, args.val_fraction, splits.label_column)
     if args.max_train_samples:
         splits.train = splits.train.select(range(min(args.max_train_samples, len(splits.train))))
     if args.max_eval_samples:
@@ -199,13 +285,14 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
 
     accelerator = Accelerator(
         mixed_precision=args.mixed_precision, gradient_accumulation_steps=args.grad_accum_steps,
+        log_with=args.log_with, project_dir=run_dir,
         # experts that receive no token in a batch get no gradient: DDP must tolerate unused parameters
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     main = accelerator.is_main_process
     log = _logger.info if main else _logger.debug
     ckpt_dir = os.path.join(run_dir, 'checkpoints')
     run_config = {k: getattr(args, k) for k in vars(args)} | {'seed': seed}
-    run_config['model_kwargs'] = dict(args.model_kwargs)
+    run_config['model_kwargs'] = architecture_kwargs(args)
     run_config['command'] = shlex.join(['python', 'train_scripts/train.py', *(sys.argv[1:] if argv is None else argv)])
 
     resume_from = None
@@ -225,6 +312,8 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     num_classes = splits.num_classes
     run_config['num_classes'] = num_classes
     model, run_config['in_chans'] = create_model(args, num_classes)
+    override = input_size_override(args)
+    run_config['input_size'] = [run_config['in_chans'], *override[1]] if override else None
     train_tf = create_dataset_transform(model, splits, is_training=not args.no_aug, **(
         {} if args.no_aug else dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip)))
     eval_tf = create_dataset_transform(model, splits, is_training=False)
@@ -240,7 +329,10 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     select_loader = DataLoader(select_ds, batch_size=args.eval_batch_size, **loader_kw) if select_ds is not None else None
 
     net = StepOutputs(model)
-    optimizer = create_optimizer_v2(model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay)
+    if args.torchcompile:
+        net.compile(backend=args.torchcompile)  # in place: state dict keys (and saved states) unchanged
+    optimizer = create_optimizer_v2(model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay,
+                                    layer_decay=args.layer_decay)
     net, optimizer, train_loader, eval_loader = accelerator.prepare(net, optimizer, train_loader, eval_loader)
     if select_loader is not None:
         select_loader = accelerator.prepare(select_loader)
@@ -268,6 +360,8 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
         start_epoch, start_step = state['epoch'], state.get('step_in_epoch', 0)
         best, history = state.get('best'), state.get('history', [])
         log(f'resumed from {resume_from}: epoch {start_epoch}, step {start_step} of it')
+    if args.log_with:
+        accelerator.init_trackers(args.experiment, config=tracker_values(run_config))
     if main:
         os.makedirs(run_dir, exist_ok=True)
         write_json_atomic(os.path.join(run_dir, 'args.json'), run_config)
@@ -314,6 +408,8 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
             for batch in bar:
                 set_seed(step_seed(seed, epoch, step_in_epoch))
                 x, target = batch['pixel_values'], batch['label']
+                if args.channels_last:
+                    x = x.contiguous(memory_format=torch.channels_last)
                 if mixup is not None:
                     x, target = mixup(x, target)
                 with accelerator.accumulate(net):
@@ -368,6 +464,8 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
                 'wall_time_s': (history[-1]['wall_time_s'] if history else 0.) + time.perf_counter() - epoch_start,
             }
             history.append(record)
+            if args.log_with:
+                accelerator.log(tracker_values(record), step=epoch + 1)
             is_best = best is None or record['selection_top1'] > best['selection_top1']
             if is_best:
                 best = {k: record[k] for k in ('epoch', 'selection_top1', 'eval_top1', 'eval_top1_per_step')}
@@ -390,7 +488,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
 
     final = history[-1] if history else None
     summary = {
-        'model': args.model, 'model_kwargs': dict(args.model_kwargs), 'dataset': args.dataset, 'seed': seed,
+        'model': args.model, 'model_kwargs': run_config['model_kwargs'], 'dataset': args.dataset, 'seed': seed,
         'num_processes': accelerator.num_processes, 'mixed_precision': args.mixed_precision,
         'command': run_config['command'], 'hardware': describe_hardware(accelerator),
         'train_images': len(train_ds), 'eval_images': len(eval_ds), 'class_names': label_names,

@@ -21,6 +21,7 @@ from timm.layers.attention import maybe_add_mask, resolve_self_attn_mask
 
 from .attention_projections import ProjectedAttention
 from .entmax_kernel import kernel_mode
+from .graph_capture import is_graph_capture
 from .entmax_ops import entmax
 
 __all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax']
@@ -45,7 +46,7 @@ def _adasplash() -> Optional[Callable]:
 
 @torch.jit.ignore
 def _use_adasplash(q: torch.Tensor) -> bool:
-    return q.is_cuda and kernel_mode() != 'python' and _adasplash() is not None
+    return q.is_cuda and kernel_mode() != 'python' and not is_graph_capture() and _adasplash() is not None
 
 
 @register_notrace_function

@@ -19,6 +19,8 @@ from typing import Optional
 
 import torch
 
+from .graph_capture import is_graph_capture
+
 __all__ = ['cpu_kernel', 'kernel_mode']
 
 _LOGGER = logging.getLogger(__name__)
@@ -73,6 +75,10 @@ def cpu_kernel() -> Optional[ModuleType]:
 
 
 def use_cpu_kernel(x: torch.Tensor) -> bool:
-    """Whether ``x`` (already in the solver dtype) goes through the compiled kernel."""
+    """Whether ``x`` (already in the solver dtype) goes through the compiled kernel.
+
+    Never while a graph is captured (compile, export, ONNX, tracing): an opaque extension call would
+    fail on fake tensors or vanish from the exported graph, so the tensor-level solver runs there.
+    """
     return (x.device.type == 'cpu' and x.dtype == torch.float32 and x.shape[-1] > 0
-            and not torch.jit.is_scripting() and cpu_kernel() is not None)
+            and not torch.jit.is_scripting() and not is_graph_capture() and cpu_kernel() is not None)

@@ -4,12 +4,21 @@ Every token is routed to its ``experts_per_token`` highest-probability experts; 
 probabilities are renormalised to sum to one. Dispatch sorts the (token, expert) assignments by
 expert, so each expert's two matmuls run once, on exactly the tokens routed to it: no capacity
 limit, no dropped tokens, and no expert computed on tokens it was not chosen for.
+
+That dispatch reads the per-expert token counts on the host. While the forward is captured as a
+graph (``torch.compile``, ``torch.export``, ONNX export, tracing; see ``graph_capture``) or runs on
+meta tensors, every expert runs on every token instead and the outputs are combined with the
+sparse gate matrix (zero for experts a token was not routed to): static shapes, no host read, no
+sort, the same outputs (up to the order of the floating-point sum) and the same auxiliary loss, at
+``num_experts / experts_per_token`` times the expert multiply-adds.
 """
 from typing import List, Optional, Tuple, Type
 
 import torch
 from torch import nn
 from timm.layers import Mlp, register_notrace_module, trunc_normal_
+
+from .graph_capture import is_graph_capture
 
 __all__ = ['MixtureOfExperts', 'expert_counts', 'load_balancing_loss', 'router_z_loss']
 
@@ -118,8 +127,8 @@ class MixtureOfExperts(nn.Module):
             out.index_add_(0, rows[e], expert(inputs[e]) * gates[e])
         return out
 
-    def _combine_all(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        # every expert on every token; only for meta tensors, whose routing cannot be read on the host
+    def _dispatch_dense(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """Every expert on every token, weighted by the (N, E) gate matrix: static shapes (graph capture, meta)."""
         combine = torch.zeros(x.shape[0], self.num_experts, device=x.device, dtype=x.dtype)
         combine = combine.scatter(1, experts, weights.to(x.dtype))
         out = torch.zeros_like(x)
@@ -132,8 +141,8 @@ class MixtureOfExperts(nn.Module):
         x = x.reshape(-1, shape[-1])
         logits, probs, weights, experts = self.route(x)
         counts = expert_counts(experts, self.num_experts)
-        if x.is_meta:
-            out = self._combine_all(x, weights, experts)
+        if x.is_meta or is_graph_capture():
+            out = self._dispatch_dense(x, weights, experts)
         else:
             counts_list: List[int] = counts.tolist()
             out = self._dispatch(x, weights, experts, counts_list)

@@ -24,6 +24,7 @@ from torch.nn import functional as F
 from timm.layers import register_notrace_function
 
 from .attention_projections import ProjectedAttention
+from .graph_capture import is_graph_capture
 
 __all__ = [
     'ClsRowAttention', 'TokenFusion', 'density_peak_clusters', 'weighted_cluster_means', 'token_sources',
@@ -52,6 +53,14 @@ def _gather_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
+def _pairwise_distances(x: torch.Tensor) -> torch.Tensor:
+    """Euclidean distances between the tokens of each image (B, n, n); the dynamo ONNX exporter cannot
+    convert ``cdist``, so a captured graph spells it out (the differences: exact zeros on the diagonal)."""
+    if is_graph_capture():
+        return (x.unsqueeze(2) - x.unsqueeze(1)).square().sum(-1).sqrt()
+    return torch.cdist(x, x)
+
+
 def density_peak_clusters(x: torch.Tensor, num_clusters: int, knn: int = 5) -> torch.Tensor:
     """Density-peak k-nearest-neighbour clustering of the tokens of each image (DPC-kNN).
 
@@ -78,7 +87,7 @@ def density_peak_clusters(x: torch.Tensor, num_clusters: int, knn: int = 5) -> t
     if num_clusters == 1:
         return torch.zeros(B, n, dtype=torch.long, device=x.device)
     x = x.detach().float()  # discrete decisions: no gradient
-    dist = torch.cdist(x, x) / math.sqrt(C)  # (B, n, n)
+    dist = _pairwise_distances(x) / math.sqrt(C)  # (B, n, n)
     k = max(1, min(knn, n - 1))
     knn_dist = dist.topk(k + 1, dim=-1, largest=False).values[..., 1:]  # without the token itself
     log_density = -knn_dist.pow(2).mean(dim=-1)  # log of the density: no underflow for distant tokens
@@ -159,6 +168,17 @@ def num_kept(keep_rate: float, num_patches: int) -> int:
     return max(1, math.ceil(keep_rate * num_patches - 1e-6))
 
 
+def _rank_descending(importance: torch.Tensor) -> torch.Tensor:
+    """Patch indices (B, n) by decreasing importance, ties in patch order.
+
+    While a graph is captured (ONNX, ``torch.export``, compile) a full ``topk`` replaces the stable
+    sort, which neither ONNX exporter converts; ONNX's TopK also breaks ties by the lower index.
+    """
+    if is_graph_capture():
+        return importance.topk(importance.shape[1], dim=1).indices
+    return importance.sort(dim=1, descending=True, stable=True).indices
+
+
 @register_notrace_function  # data-dependent token counts: a leaf for FX
 @torch.jit.ignore  # and plain Python under TorchScript (sorting, clustering)
 def fuse_tokens(
@@ -175,7 +195,7 @@ def fuse_tokens(
     if n_keep >= n:
         return x, {}
     prefix, patches = x[:, :P], x[:, P:]
-    order = importance.sort(dim=1, descending=True, stable=True).indices  # ties: patch order
+    order = _rank_descending(importance)
     keep_index, fuse_index = order[:, :n_keep], order[:, n_keep:]
     parts = [prefix, _gather_tokens(patches, keep_index)]
     num_clusters = min(num_fused_tokens, n - n_keep)

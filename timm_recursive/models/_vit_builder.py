@@ -4,18 +4,22 @@ from typing import Type
 from timm.models import build_model_with_cfg
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
+from ._pretrained import pretrained_errors
+
 
 def create_vit_model(model_cls: Type[VisionTransformer], variant: str, pretrained: bool = False, **kwargs):
-    """``build_model_with_cfg`` as timm builds its ViTs: timm's checkpoint filter, getter feature extraction."""
+    """``build_model_with_cfg`` as timm builds its ViTs: timm's checkpoint filter, getter feature extraction;
+    weights that cannot be loaded raise ``RuntimeError`` naming the model and the file or Hub repo."""
     out_indices = kwargs.pop('out_indices', 3)
-    return build_model_with_cfg(
-        model_cls,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
-        **kwargs,
-    )
+    with pretrained_errors(variant, pretrained, kwargs):
+        return build_model_with_cfg(
+            model_cls,
+            variant,
+            pretrained,
+            pretrained_filter_fn=checkpoint_filter_fn,
+            feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+            **kwargs,
+        )
 
 
 def vit_cfg(hf_hub_id: str, mean, std, crop_pct: float, **kwargs):

@@ -1,6 +1,6 @@
 """Vision Transformers whose attention is normalised by entmax-1.5 instead of softmax.
 
-Family 2 of DESIGN.md (seed 003): every attention layer of a ViT uses alpha-entmax (default 1.5), a
+As a technical summary of entmax attention in DINO ViTs describes it: every attention layer of a ViT uses alpha-entmax (default 1.5), a
 sparse probability mapping that gives exact zeros to low-scoring query-key pairs. No new parameters,
 no register tokens: the architectures are timm's ``vit_{tiny,small,base}_patch16_224``, so their
 checkpoints load unchanged (strictly). The pretrained configs point at the same weight files as the

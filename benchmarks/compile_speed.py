@@ -1,0 +1,92 @@
+"""Training-step speed of a recursive MoE model under ``torch.compile`` next to eager, on the same batches.
+
+    python benchmarks/compile_speed.py [--json] [--model recursive_dsa_moe_tiny] [--num-steps 8]
+        [--batch-size 128] [--repeats 5] [--backend inductor] [--device cpu]
+
+Two copies of one model (same weights) train on the same random batches: one eager, one whose
+``forward_steps`` is compiled (``torch.compile``; the MoE layer then runs every expert on every
+token under the sparse gate matrix, with no host read, so the recursion is one graph). A training
+step is the forward over every recursion step, the deep-supervised cross-entropy plus the MoE
+auxiliary loss, the backward and a fused AdamW update (``recursive_train_speed.train_step``). The
+first compiled call (compilation) is timed on its own; then the two are timed interleaved, median
+of ``--repeats``. Graph breaks and recompilations come from dynamo's counters. Compare the ratio
+within one run: absolute times on a shared CPU are noisy.
+"""
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+import timm
+
+import timm_recursive  # noqa: F401  registers the models
+from timm_recursive.analysis.timing import time_interleaved
+from recursive_train_speed import train_step  # this folder is on sys.path when run as a script
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--model', default='recursive_dsa_moe_tiny')
+    parser.add_argument('--num-steps', type=int, default=8, help='recursion steps')
+    parser.add_argument('--batch-size', type=int, default=128)
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--warmup', type=int, default=1, help='untimed rounds after compilation')
+    parser.add_argument('--backend', default='inductor')
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--aux-weight', type=float, default=0.01)
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--json', action='store_true', help='print the results as one JSON object')
+    args = parser.parse_args()
+
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(args.seed)
+    eager = timm.create_model(args.model, num_steps=args.num_steps).to(args.device).train()
+    compiled = copy.deepcopy(eager)
+    compiled.forward_steps = torch.compile(compiled.forward_steps, backend=args.backend)
+    fused = torch.device(args.device).type in ('cpu', 'cuda')
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=fused)
+                  for name, m in (('eager', eager), ('compiled', compiled))}
+    images = torch.randn(args.batch_size, *eager.pretrained_cfg['input_size'], device=args.device)
+    labels = torch.randint(0, eager.num_classes, (args.batch_size,), device=args.device)
+
+    def step(name, model):
+        def run():
+            train_step(model, optimizers[name], images, labels, args.aux_weight)
+            if images.is_cuda:
+                torch.cuda.synchronize()
+        return run
+
+    cases = {'eager': step('eager', eager), 'compiled': step('compiled', compiled)}
+    start = time.perf_counter()
+    cases['compiled']()  # compilation
+    compile_s = time.perf_counter() - start
+    seconds = time_interleaved(cases, args.repeats, args.warmup)
+    medians = {name: statistics.median(ts) for name, ts in seconds.items()}
+    results = {
+        name: {'images_per_s': args.batch_size / medians[name], 'median_s_per_step': medians[name], 'repeats_s': ts}
+        for name, ts in seconds.items()
+    }
+    summary = {
+        'speedup_compiled_vs_eager': medians['eager'] / medians['compiled'],
+        'compile_s': compile_s,
+        'graph_breaks': sum(counters['graph_break'].values()),
+        'graphs_compiled': counters['stats']['unique_graphs'],
+    }
+    config = dict(model=args.model, num_steps=args.num_steps, batch_size=args.batch_size, repeats=args.repeats,
+                  backend=args.backend, device=args.device, threads=torch.get_num_threads(), torch=torch.__version__)
+    if args.json:
+        print(json.dumps({'config': config, 'results': results, 'summary': summary}, indent=2))
+        return
+    print(f'{args.model} ({args.num_steps} steps) training step, batch {args.batch_size}, {args.repeats} repeats '
+          f'(median), {args.device}, {torch.get_num_threads()} threads, torch {torch.__version__}')
+    for name, r in results.items():
+        print(f'{name:<10}{r["images_per_s"]:>10.1f} images/s{r["median_s_per_step"]:>9.3f} s/step')
+    print(f'compiled / eager: {summary["speedup_compiled_vs_eager"]:.2f}x; compilation {compile_s:.0f} s, '
+          f'{summary["graph_breaks"]} graph breaks, {summary["graphs_compiled"]} graphs')
+
+
+if __name__ == '__main__':
+    main()

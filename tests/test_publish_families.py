@@ -1,0 +1,105 @@
+"""Every registered family trains, exports and gets a model card whose usage snippet runs on the dataset's images."""
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+import timm
+import torch
+import yaml
+from PIL import Image
+
+import timm_recursive  # noqa: F401
+from timm_recursive.data import resolve_dataset
+from timm_recursive.hub import FAMILIES, base_model_id, hub_dataset_id, load_run, render_model_card
+from timm_recursive.training import INSTALL_COMMAND, create_model_from_checkpoint
+
+from helpers import load_script
+
+train_script = load_script('train')
+push_script = load_script('push_to_hub')
+
+COMMON = ['--dataset', 'digits', '--max-train-samples', '32', '--max-eval-samples', '16', '--batch-size', '16',
+          '--eval-batch-size', '16', '--no-progress', '--epochs', '1', '--warmup-epochs', '0', '--no-aug']
+# tiny members of each family; the entmax ViT takes grayscale 16x16 input, the DeiT RGB (digits are grayscale)
+FAMILY_RUNS = {
+    'EntmaxVisionTransformer': ['--model', 'vit_tiny_entmax', '--input-size', '1', '16', '16',
+                                '--model-kwargs', 'patch_size=4', 'depth=1', 'embed_dim=32', 'num_heads=2'],
+    'TokenFusionVisionTransformer': ['--model', 'deit_t_tokenfuse', '--img-size', '16', '--model-kwargs',
+                                     'patch_size=4', 'depth=3', 'embed_dim=32', 'num_heads=2',
+                                     'reduction_blocks=(0,1)'],
+    'RecursiveClassifier': ['--model', 'recursive_sa_moe_tiny', '--img-size', '16', '--in-chans', '1',
+                            '--model-kwargs', 'num_steps=2'],
+}
+
+
+def test_every_registered_family_has_a_card_template_and_a_run_here():
+    names = timm.list_models(['recursive_*', '*_entmax', '*_tokenfuse'])
+    assert set(FAMILIES) == set(FAMILY_RUNS) == {type(timm.create_model(n, device='meta')).__name__ for n in names}
+
+
+@pytest.fixture(scope='module', params=sorted(FAMILY_RUNS))
+def published(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    run, out = str(root / 'run'), str(root / 'hub')
+    assert train_script.main(COMMON + FAMILY_RUNS[request.param] + ['--output', run]) == 0
+    assert push_script.main([run, '--out', out, '--weights', 'last', '--repo-id', 'me/tiny', '--dry-run']) == 0
+    return request.param, run, out
+
+
+def _front_matter(card: str) -> dict:
+    return yaml.safe_load(card.split('---\n')[1])
+
+
+def test_card_and_config_say_how_to_install_and_that_the_import_is_needed(published):
+    family, run, out = published
+    card = open(os.path.join(out, 'README.md')).read()
+    meta = _front_matter(card)
+    assert meta['datasets'] == ['scikit-learn/digits'] and 'base_model' not in meta
+    assert 'Trained from random initialisation' in card
+    assert INSTALL_COMMAND in card and 'import timm_recursive' in card and 'Unknown model' in card
+    assert '$' not in card.replace('$ ', '')  # no unfilled placeholder
+    top1 = load_run(run)['history'][-1]['eval_top1']
+    assert f'{top1:.2f}' in card
+    config = json.load(open(os.path.join(out, 'config.json')))
+    assert config['requires']['install'] == INSTALL_COMMAND
+    assert 'import timm_recursive' in config['requires']['usage'] and config['architecture'] in config['requires']['usage']
+
+
+def test_card_usage_snippet_runs_on_the_datasets_own_grayscale_images(published):
+    """The card's Python block, run as written (the Hub id pointed at the local folder) on a digits image."""
+    family, run, out = published
+    card = open(os.path.join(out, 'README.md')).read()
+    snippet = re.search(r'```python\n(.*?)```', card, re.S).group(1).replace('hf-hub:me/tiny', f'local-dir:{out}')
+    row = resolve_dataset('digits').eval[0]
+    image = row['image'] if isinstance(row['image'], Image.Image) else Image.fromarray(np.asarray(row['image'], np.uint8))
+    assert image.mode == 'L'
+    namespace = {'image': image}
+    exec(compile(snippet, 'model card usage', 'exec'), namespace)
+    reference = create_model_from_checkpoint(out).eval()
+    with torch.no_grad():
+        expected = reference(namespace['transform'](namespace['image']).unsqueeze(0)).argmax(-1)
+    assert torch.equal(namespace['prediction'], expected)
+
+
+def test_base_model_and_dataset_ids_only_when_they_are_hub_ids(published, tmp_path):
+    family, run_dir, out = published
+    run = load_run(run_dir)
+    model = create_model_from_checkpoint(out)
+    record = run['history'][-1]
+    pretrained = dict(run, args={**run['args'], 'pretrained': True}, summary={**run['summary'], 'dataset': str(tmp_path)})
+    card = render_model_card(model, pretrained, record, 'note.', 'me/tiny', model.pretrained_cfg)
+    meta = _front_matter(card)
+    assert meta['base_model'] == base_model_id(pretrained) and 'datasets' not in meta and 'model-index' not in meta
+    assert f'Fine-tuned from [`{meta["base_model"]}`]' in card and str(tmp_path) not in card.split('---\n')[1]
+
+
+def test_base_model_and_dataset_id_resolution(tmp_path):
+    run = {'args': {'pretrained': True, 'model': 'vit_small_entmax.dino'}}
+    assert base_model_id(run) == 'timm/vit_small_patch16_224.dino'
+    assert base_model_id({'args': {'pretrained': True, 'model': 'hf-hub:me/x'}}) == 'me/x'
+    assert base_model_id({'args': {'pretrained': False, 'model': 'vit_small_entmax.dino'}}) is None
+    assert hub_dataset_id('fashion_mnist') == 'zalando-datasets/fashion_mnist'
+    assert hub_dataset_id('user/flowers') == 'user/flowers'
+    assert hub_dataset_id(str(tmp_path)) is None and hub_dataset_id('./data') is None

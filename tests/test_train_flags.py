@@ -1,0 +1,84 @@
+"""train.py accepts timm's training flags, refuses abbreviations, and plumbs the new options through."""
+import json
+import os
+
+import pytest
+from PIL import Image
+
+from helpers import TINY_RUN, load_script
+
+train_script = load_script('train')
+
+
+def test_timm_flag_names_mean_what_they_mean_in_timm():
+    args = train_script.parse_args([
+        '-b', '8', '-j', '0', '--amp', '--amp-dtype', 'bfloat16', '--drop', '0.1', '--seed', '3',
+        '--img-size', '24', '--layer-decay', '0.75', '--channels-last', '--grad-checkpointing', '--torchcompile',
+        '--log-wandb'])
+    assert args.batch_size == 8 and args.workers == 0 and args.mixed_precision == 'bf16'
+    assert args.drop == 0.1 and args.drop_path is None  # --drop is dropout, not stochastic depth
+    assert args.seeds == [3] and args.img_size == 24 and args.layer_decay == 0.75
+    assert args.channels_last and args.grad_checkpointing and args.torchcompile == 'inductor'
+    assert args.log_with == ['wandb']
+    assert train_script.parse_args(['--amp']).mixed_precision == 'fp16'
+    assert train_script.parse_args([]).mixed_precision == 'no'
+    assert train_script.parse_args(['--input-size', '1', '20', '20']).input_size == [1, 20, 20]
+
+
+def test_drop_input_size_and_checkpointing_reach_the_model():
+    args = train_script.parse_args(['--model', 'vit_tiny_entmax', '--drop', '0.1', '--drop-path', '0.2',
+                                    '--input-size', '1', '32', '32', '--grad-checkpointing',
+                                    '--model-kwargs', 'depth=2'])
+    model, in_chans = train_script.create_model(args, num_classes=4)
+    assert in_chans == 1 and model.pretrained_cfg['input_size'] == (1, 32, 32)
+    assert model.patch_embed.img_size == (32, 32)  # the ViT is built for the new size
+    assert model.head_drop.p == 0.1 and model.blocks[1].drop_path1.drop_prob == pytest.approx(0.2)
+    assert model.grad_checkpointing
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--dro', '0.1'], 'unrecognized arguments: --dro'),  # prefixes are never expanded
+    (['--see', '1'], 'unrecognized arguments: --see'),
+    (['--epochs', '0'], '--epochs must be at least 1'),
+    (['--amp', '--mixed-precision', 'bf16'], 'contradicts --mixed-precision'),
+    (['--img-size', '24', '--input-size', '3', '24', '24'], '--img-size or --input-size'),
+])
+def test_bad_flags_give_a_clear_usage_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_script.parse_args(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_training_with_timm_flags_compile_trackers_and_an_input_size_override(tmp_path):
+    pytest.importorskip('tensorboard')
+    run = tmp_path / 'run'
+    assert train_script.main(TINY_RUN + [
+        '--epochs', '1', '-b', '16', '--img-size', '24', '--layer-decay', '0.8', '--channels-last',
+        '--grad-checkpointing', '--drop', '0.1', '--torchcompile', 'eager', '--log-with', 'tensorboard',
+        '--output', str(run)]) == 0
+    config = json.loads((run / 'model' / 'config.json').read_text())
+    assert config['pretrained_cfg']['input_size'] == [3, 24, 24]  # what the transforms used, and users load
+    recorded = json.loads((run / 'args.json').read_text())
+    assert recorded['input_size'] == [3, 24, 24] and recorded['batch_size'] == 16
+    events = [f for _, _, files in os.walk(run / 'timm-recursive') for f in files if f.startswith('events.out')]
+    assert events, 'the tensorboard tracker wrote nothing'
+
+
+def _class_folders(root, per_class: int = 6):
+    for label, colour in (('dark', 20), ('light', 230)):
+        os.makedirs(root / label)
+        for i in range(per_class):
+            Image.new('L', (8, 8), colour + i).save(root / label / f'{i}.png')
+    return str(root)
+
+
+def test_a_flat_class_folder_trains_with_val_fraction_alone(tmp_path, capsys):
+    data = _class_folders(tmp_path / 'data')
+    base = [a for a in TINY_RUN if a not in ('digits',)]
+    base[base.index('--dataset') + 1:base.index('--dataset') + 1] = [data]
+    assert train_script.main(base + ['--epochs', '1', '--output', str(tmp_path / 'no_eval')]) == 2
+    assert 'only a \'train\' split' in capsys.readouterr().err
+    run = tmp_path / 'run'
+    assert train_script.main(base + ['--epochs', '1', '--val-fraction', '0.25', '--output', str(run)]) == 0
+    summary = json.loads((run / 'summary.json').read_text())
+    assert summary['eval_images'] == 3 and summary['train_images'] == 6  # of 12: 3 held out to evaluate, 3 to select
