@@ -318,11 +318,13 @@ class RecursiveClassifier(nn.Module):
         assert self.class_embed is not None
         if not with_grad:
             logits = logits.detach()
-        soft = logits.softmax(dim=-1).to(self.class_embed.weight.dtype) @ self.class_embed.weight
         if self.soft_y:
-            return soft
+            return logits.softmax(dim=-1).to(self.class_embed.weight.dtype) @ self.class_embed.weight
         hard = self.class_embed(logits.argmax(dim=-1))
-        return hard + (soft - soft.detach()) if with_grad else hard
+        if not logits.requires_grad:  # inference: no gradient to carry, no soft mix to compute
+            return hard
+        soft = logits.softmax(dim=-1).to(self.class_embed.weight.dtype) @ self.class_embed.weight
+        return hard + (soft - soft.detach())
 
     def _transform(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """One recursion step's transformer: normalised tokens and the summed MoE auxiliary loss."""
