@@ -44,11 +44,13 @@ import torch
 from torch import nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import Attention, DropPath, Mlp, register_notrace_function, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, get_pretrained_cfg, register_model
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint, named_apply
 
 from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts
+
+from ._pretrained import pretrained_errors
 
 __all__ = ['RecursiveClassifier', 'RecursiveBlock']
 
@@ -442,17 +444,8 @@ def _init_weights(module: nn.Module, name: str = '') -> None:
             nn.init.zeros_(module.bias)
 
 
-def _pretrained_source(variant: str, kwargs: dict) -> str:
-    cfg = kwargs.get('pretrained_cfg')
-    if cfg is None or isinstance(cfg, str):  # timm passes the tag of 'arch.tag' names as a string
-        cfg = get_pretrained_cfg(f'{variant}.{cfg}' if cfg else variant)
-    cfg = cfg.to_dict() if hasattr(cfg, 'to_dict') else dict(cfg or {})
-    cfg.update(kwargs.get('pretrained_cfg_overlay') or {})
-    return cfg.get('file') or (f'hf-hub:{cfg["hf_hub_id"]}' if cfg.get('hf_hub_id') else cfg.get('url') or variant)
-
-
 def _create_recursive_classifier(variant: str, pretrained: bool = False, **kwargs) -> RecursiveClassifier:
-    try:
+    with pretrained_errors(variant, pretrained, kwargs):
         return build_model_with_cfg(
             RecursiveClassifier,
             variant,
@@ -460,15 +453,6 @@ def _create_recursive_classifier(variant: str, pretrained: bool = False, **kwarg
             feature_cfg=dict(out_indices=(0, 1, 2), output_fmt='NCHW', flatten_sequential=True),
             **kwargs,
         )
-    except Exception as e:
-        if not pretrained or isinstance(e, (TypeError, ValueError)) and 'pretrained' not in str(e):
-            raise  # bad constructor arguments are reported as they are
-        # unreachable, corrupt, truncated, pickled or mismatched weights: name the file and the problem
-        lines = [line.strip() for line in str(e).strip().splitlines()] or ['no such file or no message']
-        detail = ' '.join(lines[:4])
-        raise RuntimeError(
-            f'cannot load pretrained weights for {variant} from {_pretrained_source(variant, kwargs)}: '
-            f'{type(e).__name__}: {detail}') from e
 
 
 HUB_ORG = 'timm-recursive'
