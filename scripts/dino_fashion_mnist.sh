@@ -6,13 +6,14 @@
 # foreground pixels carry their image's class (probe.py compose), with and without [CLS] concatenated;
 # finally the side-by-side PCA figure and results.json / a Markdown table. The three variants train at
 # the same time (one thread each); a stopped run resumes from its last saved state when rerun.
-# Usage: scripts/dino_fashion_mnist.sh [OUTPUT_ROOT]   (IMAGES, EPOCHS, CANVASES override the sizes)
+# Usage: scripts/dino_fashion_mnist.sh [OUTPUT_ROOT]   (IMAGES, EPOCHS, CANVASES, LINEAR_IMAGES override the sizes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/dino_fashion_mnist}
 images=${IMAGES:-2000}
 epochs=${EPOCHS:-3}
-canvases=${CANVASES:-1000}
+canvases=${CANVASES:-600}
+linear_images=${LINEAR_IMAGES:-5000}
 py=".venv/bin/python"
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"
 mkdir -p "$out"
@@ -30,7 +31,7 @@ for variant in softmax entmax reg4; do
             --output "$out/$variant" --resume --no-progress
         probe=(--checkpoint "$out/$variant/model" --no-progress)
         nice -n 15 $py train_scripts/probe.py linear "${probe[@]}" --dataset fashion_mnist \
-            --max-train-samples 10000 --output "$out/$variant/linear.json"
+            --max-train-samples "$linear_images" --output "$out/$variant/linear.json"
         for cls in "" "--with-cls"; do
             nice -n 15 $py train_scripts/probe.py segment "${probe[@]}" --dataset "$out/canvases" --img-size 56 \
                 --epochs 50 $cls --output "$out/$variant/segment${cls:+_cls}.json"

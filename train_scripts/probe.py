@@ -192,8 +192,12 @@ def run_compose(args) -> dict:
     out, written = {}, {}
     for name, split, count, seed in (('train', splits.train, args.train_canvases, args.seed),
                                      ('test', splits.eval, args.eval_canvases, args.seed + 1)):
-        images = np.stack([np.asarray(to_pil(img, 'L')) for img in split[splits.image_column]])
-        labels = np.asarray(split[splits.label_column])
+        as_arrays = split.with_format('numpy')
+        images = as_arrays[splits.image_column]
+        if not (isinstance(images, np.ndarray) and images.ndim == 3 and images.dtype == np.uint8):
+            # encoded or colour images: decode one by one (an array column is read at once above)
+            images = np.stack([np.asarray(to_pil(img, 'L')) for img in split[splits.image_column]])
+        labels = np.asarray(as_arrays[splits.label_column])
         canvases, masks = compose_canvases(images, labels, count, grid=args.grid, threshold=args.threshold, seed=seed)
         features = datasets.Features({
             'image': datasets.Array2D(shape=canvases.shape[1:], dtype='uint8'),

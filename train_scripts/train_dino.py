@@ -269,9 +269,9 @@ def train(args, argv=None) -> dict:
                 it = epoch * iters + step
                 set_seed(step_seed(seed, epoch, step))
                 for group in optimizer.param_groups:
-                    group['lr'] = lr_schedule[it]
+                    group['lr'] = float(lr_schedule[it])  # python floats: the state must load weights-only
                     if group['wd_scheduled']:
-                        group['weight_decay'] = wd_schedule[it]
+                        group['weight_decay'] = float(wd_schedule[it])
                 crops = batch['crops']
                 with torch.no_grad(), accelerator.autocast():
                     teacher_out = teacher.module(crops[:2])
