@@ -27,7 +27,7 @@ __all__ = [
     'STEP_WEIGHTINGS', 'CheckpointError', 'StepOutputs', 'step_weights', 'deep_supervision_loss',
     'evaluate_steps', 'save_state_atomic', 'load_state_checked', 'find_last_state', 'export_model',
     'write_json_atomic', 'load_weights', 'create_model_from_checkpoint', 'collate_classification',
-    'SeededSamples', 'create_classifier', 'replace_dir',
+    'SeededSamples', 'create_classifier', 'replace_dir', 'state_to_resume', 'save_numbered_state', 'start_run_files',
 ]
 
 STEP_WEIGHTINGS = ('uniform', 'linear', 'last')
@@ -239,6 +239,43 @@ def find_last_state(checkpoint_dir: str) -> Optional[str]:
         if best_progress is None or progress > best_progress:
             best, best_progress = path, progress
     return best
+
+
+def state_to_resume(resume: Optional[str], checkpoint_dir: str, log: Callable[[str], None]) -> Optional[str]:
+    """The state folder a ``--resume`` argument names: ``'auto'`` the newest under ``checkpoint_dir`` (none:
+    start from scratch, logged), a path that folder (``CheckpointError`` when missing), ``None`` none."""
+    if resume == 'auto':
+        found = find_last_state(checkpoint_dir)
+        if found is None:
+            log(f'--resume: no saved state in {checkpoint_dir}, starting from scratch')
+        return found
+    if resume and not os.path.isdir(resume):
+        raise CheckpointError(f'--resume {resume}: no such state folder')
+    return resume or None
+
+
+def save_numbered_state(accelerator, checkpoint_dir: str, epoch: int, step_in_epoch: int, trainer_state: dict,
+                        keep: int) -> str:
+    """``save_state_atomic`` to ``checkpoint_dir/epochEEEE[_stepSSSSSS]``, keeping only the newest ``keep`` states."""
+    path = os.path.join(checkpoint_dir, f'epoch{epoch:04d}' + (f'_step{step_in_epoch:06d}' if step_in_epoch else ''))
+    save_state_atomic(accelerator, path, trainer_state)
+    if accelerator.is_main_process:
+        states = sorted((d for d in os.listdir(checkpoint_dir) if not d.endswith(('.tmp', '.old'))), reverse=True)
+        for stale in states[keep:]:
+            shutil.rmtree(os.path.join(checkpoint_dir, stale), ignore_errors=True)
+    return path
+
+
+def start_run_files(run_dir: str, run_config: dict, history: List[dict]) -> str:
+    """Write ``args.json`` and a ``metrics.jsonl`` that mirrors ``history`` (the resumed state's: epochs
+    logged after it are dropped); returns the metrics path, to which each new epoch is appended."""
+    os.makedirs(run_dir, exist_ok=True)
+    write_json_atomic(os.path.join(run_dir, 'args.json'), run_config)
+    metrics_path = os.path.join(run_dir, 'metrics.jsonl')
+    with open(metrics_path + '.tmp', 'w') as f:
+        f.writelines(json.dumps(h) + '\n' for h in history)
+    os.replace(metrics_path + '.tmp', metrics_path)
+    return metrics_path
 
 
 def load_state_checked(accelerator, directory: str, run_config: Dict, keys: Sequence[str]) -> dict:

@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import shlex
-import shutil
 import signal
 import statistics
 import sys
@@ -37,7 +36,8 @@ import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
 from timm_recursive.training import (
     STEP_WEIGHTINGS, CheckpointError, SeededSamples, StepOutputs, collate_classification, create_classifier, deep_supervision_loss, evaluate_steps, export_model,
-    find_last_state, load_state_checked, save_state_atomic, step_weights, write_json_atomic)
+    find_last_state, load_state_checked, save_numbered_state, start_run_files, state_to_resume, step_weights,
+    write_json_atomic)
 
 _logger = logging.getLogger('train')
 
@@ -208,15 +208,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     run_config['model_kwargs'] = dict(args.model_kwargs)
     run_config['command'] = shlex.join(['python', 'train_scripts/train.py', *(sys.argv[1:] if argv is None else argv)])
 
-    resume_from = None
-    if args.resume == 'auto':
-        resume_from = find_last_state(ckpt_dir)
-        if resume_from is None:
-            log(f'--resume: no saved state in {ckpt_dir}, starting from scratch')
-    elif args.resume:
-        resume_from = args.resume
-        if not os.path.isdir(resume_from):
-            raise CheckpointError(f'--resume {resume_from}: no such state folder')
+    resume_from = state_to_resume(args.resume, ckpt_dir, log)
 
     set_seed(seed)
     splits, selection = load_splits(args)
@@ -262,32 +254,20 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     weights = step_weights(num_steps, args.step_weighting)
 
     start_epoch, start_step, best, history = 0, 0, None, []
-    metrics_path = os.path.join(run_dir, 'metrics.jsonl')
     if resume_from is not None:
         state = load_state_checked(accelerator, resume_from, run_config, RESUME_KEYS)
         start_epoch, start_step = state['epoch'], state.get('step_in_epoch', 0)
         best, history = state.get('best'), state.get('history', [])
         log(f'resumed from {resume_from}: epoch {start_epoch}, step {start_step} of it')
-    if main:
-        os.makedirs(run_dir, exist_ok=True)
-        write_json_atomic(os.path.join(run_dir, 'args.json'), run_config)
-        # the metrics file mirrors the resumed state: epochs logged after it are dropped
-        with open(metrics_path + '.tmp', 'w') as f:
-            f.writelines(json.dumps(h) + '\n' for h in history)
-        os.replace(metrics_path + '.tmp', metrics_path)
+    metrics_path = start_run_files(run_dir, run_config, history) if main else None
 
     def state_for(epoch: int, step_in_epoch: int) -> dict:
         return {'epoch': epoch, 'step_in_epoch': step_in_epoch, 'best': best, 'history': history,
                 'run_config': run_config}
 
     def save(epoch: int, step_in_epoch: int) -> str:
-        path = os.path.join(ckpt_dir, f'epoch{epoch:04d}' + (f'_step{step_in_epoch:06d}' if step_in_epoch else ''))
-        save_state_atomic(accelerator, path, state_for(epoch, step_in_epoch))
-        if main:  # keep the newest states only
-            states = sorted((d for d in os.listdir(ckpt_dir) if not d.endswith(('.tmp', '.old'))), reverse=True)
-            for stale in states[args.keep_states:]:
-                shutil.rmtree(os.path.join(ckpt_dir, stale), ignore_errors=True)
-        return path
+        return save_numbered_state(accelerator, ckpt_dir, epoch, step_in_epoch, state_for(epoch, step_in_epoch),
+                                   keep=args.keep_states)
 
     export_dir = os.path.join(run_dir, 'model')
     run_start = time.perf_counter()

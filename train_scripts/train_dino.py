@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import shlex
-import shutil
 import statistics
 import sys
 import time
@@ -45,7 +44,7 @@ from timm_recursive.dino import (
     cosine_schedule, teacher_statistics, teacher_temperatures)
 from timm_recursive.training import (
     CheckpointError, SeededSamples, create_classifier, export_model, find_last_state, load_state_checked,
-    save_state_atomic, write_json_atomic)
+    save_numbered_state, start_run_files, state_to_resume, write_json_atomic)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train import StopRequest, describe_hardware, step_seed, stop_requested  # noqa: E402  shared with the classifier trainer
@@ -156,15 +155,7 @@ def train(args, argv=None) -> dict:
     run_config = dict(vars(args), model_kwargs=dict(args.model_kwargs))
     run_config['command'] = shlex.join(['python', 'train_scripts/train_dino.py', *(sys.argv[1:] if argv is None else argv)])
 
-    resume_from = None
-    if args.resume == 'auto':
-        resume_from = find_last_state(ckpt_dir)
-        if resume_from is None:
-            log(f'--resume: no saved state in {ckpt_dir}, starting from scratch')
-    elif args.resume:
-        resume_from = args.resume
-        if not os.path.isdir(resume_from):
-            raise CheckpointError(f'--resume {resume_from}: no such state folder')
+    resume_from = state_to_resume(args.resume, ckpt_dir, log)
 
     set_seed(seed)
     splits = resolve_dataset(args.dataset, image_column=args.image_column, train_split=args.train_split)
@@ -223,28 +214,17 @@ def train(args, argv=None) -> dict:
     detector = CollapseDetector(patience=args.collapse_patience)
 
     start_epoch, start_step, history = 0, 0, []
-    metrics_path = os.path.join(run_dir, 'metrics.jsonl')
     if resume_from is not None:
         state = load_state_checked(accelerator, resume_from, run_config, RESUME_KEYS)
         start_epoch, start_step, history = state['epoch'], state.get('step_in_epoch', 0), state.get('history', [])
         detector.streak = state.get('collapse_streak', 0)
         log(f'resumed from {resume_from}: epoch {start_epoch}, step {start_step} of it')
-    if main:
-        os.makedirs(run_dir, exist_ok=True)
-        write_json_atomic(os.path.join(run_dir, 'args.json'), run_config)
-        with open(metrics_path + '.tmp', 'w') as f:  # the metrics mirror the resumed state
-            f.writelines(json.dumps(h) + '\n' for h in history)
-        os.replace(metrics_path + '.tmp', metrics_path)
+    metrics_path = start_run_files(run_dir, run_config, history) if main else None
 
     def save(epoch: int, step_in_epoch: int) -> str:
-        path = os.path.join(ckpt_dir, f'epoch{epoch:04d}' + (f'_step{step_in_epoch:06d}' if step_in_epoch else ''))
-        save_state_atomic(accelerator, path, {'epoch': epoch, 'step_in_epoch': step_in_epoch, 'history': history,
-                                              'collapse_streak': detector.streak, 'run_config': run_config})
-        if main:
-            states = sorted((d for d in os.listdir(ckpt_dir) if not d.endswith(('.tmp', '.old'))), reverse=True)
-            for stale in states[args.keep_states:]:
-                shutil.rmtree(os.path.join(ckpt_dir, stale), ignore_errors=True)
-        return path
+        return save_numbered_state(accelerator, ckpt_dir, epoch, step_in_epoch, {
+            'epoch': epoch, 'step_in_epoch': step_in_epoch, 'history': history,
+            'collapse_streak': detector.streak, 'run_config': run_config}, keep=args.keep_states)
 
     export_dir = os.path.join(run_dir, 'model')
     size = (in_chans, args.global_size, args.global_size)
