@@ -26,7 +26,8 @@ import numpy as np
 
 __all__ = [
     'DATASET_ALIASES', 'IDX_DIRS', 'DatasetSplits', 'DatasetError', 'resolve_dataset', 'read_idx',
-    'create_dataset_transform', 'hold_out',
+    'create_dataset_transform', 'hold_out', 'load_dataset_dict', 'resolve_model_data_config', 'image_mode', 'to_pil',
+    'SegmentationSplits', 'resolve_segmentation_dataset', 'to_mask_array',
 ]
 
 DATASET_ALIASES = {
@@ -201,6 +202,16 @@ def _pick(available: Sequence[str], requested: Optional[str], candidates: Sequen
     return found
 
 
+def load_dataset_dict(name: str):
+    """``(DatasetDict, source, notes)`` of ``digits``, a local path, or a Hub id / alias (see the module docstring)."""
+    if name == 'digits':
+        return _load_digits(), "scikit-learn's bundled digits (stratified 75/25 split, seed 0)", []
+    if os.path.exists(name):
+        dd, source = _load_local(name)
+        return dd, source, []
+    return _load_named(name)
+
+
 def resolve_dataset(
         name: str,
         image_column: Optional[str] = None,
@@ -217,13 +228,7 @@ def resolve_dataset(
     A dataset with a train split only (e.g. a flat folder of class folders) gets its eval split
     from ``holdout_eval_fraction`` of the train split (stratified, seed 0) when that is > 0.
     """
-    if name == 'digits':
-        dd, source, notes = _load_digits(), "scikit-learn's bundled digits (stratified 75/25 split, seed 0)", []
-    elif os.path.exists(name):
-        (dd, source), notes = _load_local(name), []
-    else:
-        dd, source, notes = _load_named(name)
-
+    dd, source, notes = load_dataset_dict(name)
     train = _pick(list(dd), train_split, ('train',), 'train split')
     columns = dd[train].column_names
     image = _pick(columns, image_column, IMAGE_COLUMNS, 'image column', f' in split {train!r}')
@@ -266,7 +271,66 @@ def hold_out(dataset, fraction: float, label_column: str):
     return parts['train'], parts['test']
 
 
-def _to_pil(image, mode: str):
+MASK_COLUMNS = ('mask', 'annotation', 'segmentation', 'semantic_segmentation', 'label')
+
+
+@dataclass
+class SegmentationSplits:
+    train: 'datasets.Dataset'  # noqa: F821
+    eval: 'datasets.Dataset'  # noqa: F821
+    image_column: str
+    mask_column: str
+    source: str = ''
+    notes: List[str] = field(default_factory=list)
+
+
+def resolve_segmentation_dataset(
+        name: str,
+        image_column: Optional[str] = None,
+        mask_column: Optional[str] = None,
+        train_split: Optional[str] = None,
+        eval_split: Optional[str] = None,
+) -> SegmentationSplits:
+    """Train/eval splits of a semantic-segmentation dataset: an image column and a per-pixel label mask
+    column (``mask``, ``annotation`` as in ADE20K's ``scene_parse_150``, ``segmentation``, ...) of the same
+    size; ``name`` is resolved as for ``resolve_dataset`` (Hub id, ``save_to_disk`` / parquet folder)."""
+    dd, source, notes = load_dataset_dict(name)
+    train = _pick(list(dd), train_split, ('train',), 'train split')
+    evaluation = _pick(list(dd), eval_split, ('validation', 'val', 'test', 'valid'), 'eval split')
+    columns = dd[train].column_names
+    image = _pick(columns, image_column, IMAGE_COLUMNS, 'image column', f' in split {train!r}')
+    mask = _pick(columns, mask_column, MASK_COLUMNS, 'mask column', f' in split {train!r}')
+    for split in (train, evaluation):
+        if len(dd[split]) == 0:
+            raise DatasetError(f'split {split!r} of {source} is empty')
+        row = dd[split][0]
+        if mask not in row or image not in row:
+            raise DatasetError(f'split {split!r} lacks column {mask!r} or {image!r}; columns: {list(row)}')
+        image_shape = np.asarray(to_pil(row[image], 'RGB')).shape[:2]
+        mask_shape = to_mask_array(row[mask]).shape
+        if mask_shape != image_shape:
+            raise DatasetError(f'column {mask!r} is not a per-pixel mask of the images: split {split!r} row 0 has '
+                               f'an image of {image_shape} and a {mask!r} of shape {mask_shape}')
+    return SegmentationSplits(train=dd[train], eval=dd[evaluation], image_column=image, mask_column=mask,
+                              source=source, notes=notes)
+
+
+def to_mask_array(mask) -> np.ndarray:
+    """A per-pixel label mask (PIL image of mode P/L/I, encoded image dict, or nested lists) as an int64
+    (H, W) array of the label indices: a palette (P) image gives its indices, never its colours."""
+    from PIL import Image
+    if isinstance(mask, dict) and mask.get('bytes') is not None:
+        import io
+        mask = Image.open(io.BytesIO(mask['bytes']))
+    if isinstance(mask, Image.Image) and mask.mode not in ('P', 'L', 'I', 'I;16'):
+        raise DatasetError(f'a segmentation mask must hold one label per pixel (PIL mode P, L or I), got mode {mask.mode}')
+    array = np.asarray(mask)
+    if array.ndim != 2:
+        raise DatasetError(f'a segmentation mask must be 2-D (H, W), got shape {array.shape}')
+    return array.astype(np.int64)
+
+
+def to_pil(image, mode: str):
     from PIL import Image
     if isinstance(image, dict) and image.get('bytes') is not None:
         import io
@@ -311,6 +375,26 @@ def _per_channel(values, in_chans: int) -> tuple:
     return (sum(values) / len(values),) * in_chans if in_chans == 1 else values
 
 
+def resolve_model_data_config(model) -> dict:
+    """timm's data config of ``model`` (input size, interpolation, mean/std) for the channels the instance
+    takes, which may differ from its pretrained config's (e.g. created with ``in_chans=1``)."""
+    from timm.data import resolve_data_config
+
+    with quiet_channel_warnings():  # a 3-value mean/std for a 1-channel model: handled below
+        config = resolve_data_config(model=model)
+    in_chans = _model_in_chans(model, config['input_size'][0])
+    config['input_size'] = (in_chans, *config['input_size'][1:])
+    config['mean'], config['std'] = (_per_channel(config[k], in_chans) for k in ('mean', 'std'))
+    if in_chans not in (1, 3):
+        raise DatasetError(f'images can be converted to 1 or 3 channels, the model takes {in_chans}')
+    return config
+
+
+def image_mode(config: dict) -> str:
+    """The PIL mode of a data config's images: 'L' for one channel, 'RGB' for three."""
+    return 'L' if config['input_size'][0] == 1 else 'RGB'
+
+
 def create_dataset_transform(
         model, splits: DatasetSplits, is_training: bool, **transform_kwargs) -> Callable[[dict], dict]:
     """A ``Dataset.with_transform`` function giving ``pixel_values`` and ``label`` for ``model``.
@@ -320,22 +404,15 @@ def create_dataset_transform(
     channels (1: grayscale, 3: RGB), so any dataset feeds any model. ``transform_kwargs`` go to
     ``create_transform`` (augmentation such as ``scale``, ``hflip``, ``auto_augment``).
     """
-    from timm.data import create_transform, resolve_data_config
+    from timm.data import create_transform
 
-    with quiet_channel_warnings():  # a 3-value mean/std for a 1-channel model: handled below
-        config = resolve_data_config(model=model)
-    # the pretrained config's channels may differ from the instance's (e.g. created with in_chans=1)
-    in_chans = _model_in_chans(model, config['input_size'][0])
-    config['input_size'] = (in_chans, *config['input_size'][1:])
-    config['mean'], config['std'] = (_per_channel(config[k], in_chans) for k in ('mean', 'std'))
-    if in_chans not in (1, 3):
-        raise DatasetError(f'images can be converted to 1 or 3 channels, the model takes {in_chans}')
-    mode = 'L' if in_chans == 1 else 'RGB'
+    config = resolve_model_data_config(model)
+    mode = image_mode(config)
     transform = create_transform(**config, is_training=is_training, **transform_kwargs)
 
     def apply(batch: dict) -> dict:
         return {
-            'pixel_values': [transform(_to_pil(img, mode)) for img in batch[splits.image_column]],
+            'pixel_values': [transform(to_pil(img, mode)) for img in batch[splits.image_column]],
             'label': batch[splits.label_column],
         }
 

@@ -16,6 +16,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -27,7 +28,8 @@ __all__ = [
     'STEP_WEIGHTINGS', 'CheckpointError', 'StepOutputs', 'step_weights', 'deep_supervision_loss',
     'evaluate_steps', 'save_state_atomic', 'load_state_checked', 'find_last_state', 'export_model',
     'write_json_atomic', 'load_weights', 'create_model_from_checkpoint', 'collate_classification',
-    'SeededSamples', 'create_classifier', 'replace_dir', 'INSTALL_COMMAND',
+    'SeededSamples', 'create_classifier', 'replace_dir', 'INSTALL_COMMAND', 'state_to_resume', 'save_numbered_state',
+    'start_run_files', 'StopRequest', 'stop_requested', 'describe_hardware', 'step_seed',
 ]
 
 STEP_WEIGHTINGS = ('uniform', 'linear', 'last')
@@ -244,6 +246,43 @@ def find_last_state(checkpoint_dir: str) -> Optional[str]:
     return best
 
 
+def state_to_resume(resume: Optional[str], checkpoint_dir: str, log: Callable[[str], None]) -> Optional[str]:
+    """The state folder a ``--resume`` argument names: ``'auto'`` the newest under ``checkpoint_dir`` (none:
+    start from scratch, logged), a path that folder (``CheckpointError`` when missing), ``None`` none."""
+    if resume == 'auto':
+        found = find_last_state(checkpoint_dir)
+        if found is None:
+            log(f'--resume: no saved state in {checkpoint_dir}, starting from scratch')
+        return found
+    if resume and not os.path.isdir(resume):
+        raise CheckpointError(f'--resume {resume}: no such state folder')
+    return resume or None
+
+
+def save_numbered_state(accelerator, checkpoint_dir: str, epoch: int, step_in_epoch: int, trainer_state: dict,
+                        keep: int) -> str:
+    """``save_state_atomic`` to ``checkpoint_dir/epochEEEE[_stepSSSSSS]``, keeping only the newest ``keep`` states."""
+    path = os.path.join(checkpoint_dir, f'epoch{epoch:04d}' + (f'_step{step_in_epoch:06d}' if step_in_epoch else ''))
+    save_state_atomic(accelerator, path, trainer_state)
+    if accelerator.is_main_process:
+        states = sorted((d for d in os.listdir(checkpoint_dir) if not d.endswith(('.tmp', '.old'))), reverse=True)
+        for stale in states[keep:]:
+            shutil.rmtree(os.path.join(checkpoint_dir, stale), ignore_errors=True)
+    return path
+
+
+def start_run_files(run_dir: str, run_config: dict, history: List[dict]) -> str:
+    """Write ``args.json`` and a ``metrics.jsonl`` that mirrors ``history`` (the resumed state's: epochs
+    logged after it are dropped); returns the metrics path, to which each new epoch is appended."""
+    os.makedirs(run_dir, exist_ok=True)
+    write_json_atomic(os.path.join(run_dir, 'args.json'), run_config)
+    metrics_path = os.path.join(run_dir, 'metrics.jsonl')
+    with open(metrics_path + '.tmp', 'w') as f:
+        f.writelines(json.dumps(h) + '\n' for h in history)
+    os.replace(metrics_path + '.tmp', metrics_path)
+    return metrics_path
+
+
 def load_state_checked(accelerator, directory: str, run_config: Dict, keys: Sequence[str]) -> dict:
     """Load a state written by ``save_state_atomic`` after checking it belongs to this run.
 
@@ -431,3 +470,50 @@ def model_from_arguments(args, num_classes: int) -> nn.Module:
     if model.num_classes != num_classes:
         raise CheckpointError(f'the model predicts {model.num_classes} classes, the dataset has {num_classes}')
     return model
+
+
+class StopRequest:
+    """Turns SIGINT/SIGTERM into a flag the loop checks, so the state is saved before exiting."""
+
+    def __init__(self):
+        self.signal = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signal is not None:  # a second signal: stop at once
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signal).name if self.signal is not None else 'a signal to another process'
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def stop_requested(stop: StopRequest, accelerator) -> bool:
+    """Whether any process was signalled (all processes must stop at the same step)."""
+    if accelerator.num_processes == 1:
+        return stop.signal is not None
+    flag = torch.tensor([float(stop.signal is not None)], device=accelerator.device)
+    return bool(accelerator.reduce(flag, reduction='sum').item() > 0)
+
+
+def describe_hardware(accelerator) -> str:
+    if accelerator.device.type == 'cuda':
+        name = torch.cuda.get_device_name(accelerator.device)
+    else:
+        threads = torch.get_num_threads()
+        name = f'CPU, {threads} thread' + ('s' if threads > 1 else '')
+    return f'{accelerator.num_processes} x {name}' if accelerator.num_processes > 1 else name
+
+
+def step_seed(seed: int, epoch: int, step: int) -> int:
+    return (seed * 1_000_003 + epoch * 100_003 + step) % (2 ** 32)

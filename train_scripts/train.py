@@ -25,8 +25,6 @@ import logging
 import math
 import os
 import shlex
-import shutil
-import signal
 import statistics
 import sys
 import time
@@ -41,8 +39,10 @@ from timm.utils import ModelEmaV3, ParseKwargs
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.data import DatasetError, create_dataset_transform, hold_out, resolve_dataset
 from timm_recursive.training import (
+    StopRequest, describe_hardware, step_seed, stop_requested,
     STEP_WEIGHTINGS, CheckpointError, SeededSamples, StepOutputs, collate_classification, create_classifier, deep_supervision_loss, evaluate_steps, export_model,
-    find_last_state, load_state_checked, save_state_atomic, step_weights, write_json_atomic)
+    find_last_state, load_state_checked, save_numbered_state, start_run_files, state_to_resume, step_weights,
+    write_json_atomic)
 
 _logger = logging.getLogger('train')
 
@@ -151,53 +151,6 @@ def parse_args(argv=None):
     return args
 
 
-class StopRequest:
-    """Turns SIGINT/SIGTERM into a flag the loop checks, so the state is saved before exiting."""
-
-    def __init__(self):
-        self.signal = None
-        self._previous = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.signal is not None:  # a second signal: stop at once
-            raise KeyboardInterrupt
-        self.signal = signum
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signal).name if self.signal is not None else 'a signal to another process'
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-def stop_requested(stop: StopRequest, accelerator) -> bool:
-    """Whether any process was signalled (all processes must stop at the same step)."""
-    if accelerator.num_processes == 1:
-        return stop.signal is not None
-    flag = torch.tensor([float(stop.signal is not None)], device=accelerator.device)
-    return bool(accelerator.reduce(flag, reduction='sum').item() > 0)
-
-
-def describe_hardware(accelerator) -> str:
-    if accelerator.device.type == 'cuda':
-        name = torch.cuda.get_device_name(accelerator.device)
-    else:
-        threads = torch.get_num_threads()
-        name = f'CPU, {threads} thread' + ('s' if threads > 1 else '')
-    return f'{accelerator.num_processes} x {name}' if accelerator.num_processes > 1 else name
-
-
-def step_seed(seed: int, epoch: int, step: int) -> int:
-    return (seed * 1_000_003 + epoch * 100_003 + step) % (2 ** 32)
-
-
 def input_size_override(args):
     """``(in_chans or None, (H, W))`` from ``--input-size`` / ``--img-size``, or None when neither is given."""
     if args.input_size is not None:
@@ -295,15 +248,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     run_config['model_kwargs'] = architecture_kwargs(args)
     run_config['command'] = shlex.join(['python', 'train_scripts/train.py', *(sys.argv[1:] if argv is None else argv)])
 
-    resume_from = None
-    if args.resume == 'auto':
-        resume_from = find_last_state(ckpt_dir)
-        if resume_from is None:
-            log(f'--resume: no saved state in {ckpt_dir}, starting from scratch')
-    elif args.resume:
-        resume_from = args.resume
-        if not os.path.isdir(resume_from):
-            raise CheckpointError(f'--resume {resume_from}: no such state folder')
+    resume_from = state_to_resume(args.resume, ckpt_dir, log)
 
     set_seed(seed)
     splits, selection = load_splits(args)
@@ -354,7 +299,6 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     weights = step_weights(num_steps, args.step_weighting)
 
     start_epoch, start_step, best, history = 0, 0, None, []
-    metrics_path = os.path.join(run_dir, 'metrics.jsonl')
     if resume_from is not None:
         state = load_state_checked(accelerator, resume_from, run_config, RESUME_KEYS)
         start_epoch, start_step = state['epoch'], state.get('step_in_epoch', 0)
@@ -362,26 +306,15 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
         log(f'resumed from {resume_from}: epoch {start_epoch}, step {start_step} of it')
     if args.log_with:
         accelerator.init_trackers(args.experiment, config=tracker_values(run_config))
-    if main:
-        os.makedirs(run_dir, exist_ok=True)
-        write_json_atomic(os.path.join(run_dir, 'args.json'), run_config)
-        # the metrics file mirrors the resumed state: epochs logged after it are dropped
-        with open(metrics_path + '.tmp', 'w') as f:
-            f.writelines(json.dumps(h) + '\n' for h in history)
-        os.replace(metrics_path + '.tmp', metrics_path)
+    metrics_path = start_run_files(run_dir, run_config, history) if main else None
 
     def state_for(epoch: int, step_in_epoch: int) -> dict:
         return {'epoch': epoch, 'step_in_epoch': step_in_epoch, 'best': best, 'history': history,
                 'run_config': run_config}
 
     def save(epoch: int, step_in_epoch: int) -> str:
-        path = os.path.join(ckpt_dir, f'epoch{epoch:04d}' + (f'_step{step_in_epoch:06d}' if step_in_epoch else ''))
-        save_state_atomic(accelerator, path, state_for(epoch, step_in_epoch))
-        if main:  # keep the newest states only
-            states = sorted((d for d in os.listdir(ckpt_dir) if not d.endswith(('.tmp', '.old'))), reverse=True)
-            for stale in states[args.keep_states:]:
-                shutil.rmtree(os.path.join(ckpt_dir, stale), ignore_errors=True)
-        return path
+        return save_numbered_state(accelerator, ckpt_dir, epoch, step_in_epoch, state_for(epoch, step_in_epoch),
+                                   keep=args.keep_states)
 
     export_dir = os.path.join(run_dir, 'model')
     run_start = time.perf_counter()

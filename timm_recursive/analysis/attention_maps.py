@@ -10,6 +10,8 @@ the patch grid, the picture the source uses to show cleaner features.
 
 ``python -m timm_recursive.analysis.attention_maps --model vit_small_entmax --out DIR`` writes
 ``sparsity.json``, ``sparsity.png`` (layer x head heatmap) and ``pca_<i>.png`` (image | map).
+``--compare softmax=DIR entmax=DIR ...`` instead writes ``pca_compare.png``: the same images, one PCA map
+per backbone side by side (e.g. the DINO backbones of ``train_scripts/train_dino.py``).
 """
 import argparse
 import json
@@ -22,9 +24,9 @@ from torch import nn
 
 from timm_recursive.layers import EntmaxAttention
 
-from .images import denormalise, load_images
+from .images import dataset_images, denormalise, load_images
 
-__all__ = ['attention_sparsity', 'pca_feature_maps']
+__all__ = ['attention_sparsity', 'pca_feature_maps', 'write_pca_comparison']
 
 
 def _entmax_layers(model: nn.Module) -> List[EntmaxAttention]:
@@ -73,7 +75,7 @@ def pca_feature_maps(model: nn.Module, images: torch.Tensor) -> np.ndarray:
     finally:
         model.train(was_training)
     patches = tokens[:, getattr(model, 'num_prefix_tokens', 0):]
-    grid_h, grid_w = model.patch_embed.grid_size
+    grid_h, grid_w = model.patch_embed.dynamic_feat_size(tuple(images.shape[-2:]))  # any size a dynamic ViT takes
     if patches.shape[1] != grid_h * grid_w:
         raise ValueError(f'{patches.shape[1]} patch tokens do not fill the {grid_h}x{grid_w} patch grid')
     flat = patches.reshape(-1, patches.shape[-1]).float()
@@ -121,6 +123,54 @@ def write_report(model: nn.Module, images: torch.Tensor, out: str, config: dict)
     return stats
 
 
+def write_pca_comparison(models: Dict[str, nn.Module], images: torch.Tensor, path: str, config: dict) -> None:
+    """One row per image: the image, then the PCA map of each of ``models`` (fitted per model on the batch)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    maps = {name: pca_feature_maps(model, images) for name, model in models.items()}
+    pictures = denormalise(images, config)
+    cols = 1 + len(models)
+    fig, axes = plt.subplots(len(images), cols, figsize=(2.2 * cols, 2.2 * len(images)), squeeze=False)
+    for i, picture in enumerate(pictures):
+        axes[i, 0].imshow(picture.squeeze(-1) if picture.shape[-1] == 1 else picture, cmap='gray')
+        for j, (name, model_maps) in enumerate(maps.items(), start=1):
+            axes[i, j].imshow(model_maps[i], interpolation='nearest')
+        for j, title in enumerate(['image', *maps]):
+            axes[i, j].axis('off')
+            if i == 0:
+                axes[i, j].set_title(title, fontsize=10)
+    fig.suptitle('patch features, PCA components 1-3 as RGB', fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(f'{path}.tmp.png', dpi=100)
+    plt.close(fig)
+    os.replace(f'{path}.tmp.png', path)
+
+
+def compare_main(args) -> int:
+    """``--compare NAME=CHECKPOINT ...``: the side-by-side PCA figure of several backbones on the same images."""
+    from timm_recursive.data import resolve_model_data_config
+    from timm_recursive.training import create_model_from_checkpoint
+
+    models = {}
+    for spec in args.compare:
+        name, sep, checkpoint = spec.partition('=')
+        if not sep:
+            raise SystemExit(f'error: --compare takes NAME=CHECKPOINT, got {spec!r}')
+        models[name] = create_model_from_checkpoint(checkpoint, num_classes=0).eval()
+    config = resolve_model_data_config(next(iter(models.values())))
+    if args.img_size:
+        config.update(input_size=(config['input_size'][0], args.img_size, args.img_size), crop_pct=1.0)
+    images = (dataset_images(args.dataset, args.num_images, config) if args.dataset
+              else load_images(args.images, config))
+    path = os.path.join(args.out, 'pca_compare.png')
+    write_pca_comparison(models, images, path, config)
+    print(f'wrote {path}')
+    return 0
+
+
 def main(argv=None) -> int:
     import timm
     import timm_recursive  # noqa: F401
@@ -133,7 +183,14 @@ def main(argv=None) -> int:
     parser.add_argument('--images', nargs='*', default=[],
                         help="image files (default: scikit-learn's bundled china.jpg and flower.jpg)")
     parser.add_argument('--out', required=True)
+    parser.add_argument('--compare', nargs='+', default=None, metavar='NAME=CHECKPOINT',
+                        help='side-by-side PCA maps of these backbones (exported folders), as they are (no conversion)')
+    parser.add_argument('--dataset', default=None, help='with --compare: take the images from this dataset\'s eval split')
+    parser.add_argument('--num-images', type=int, default=4)
+    parser.add_argument('--img-size', type=int, default=None, help='with --compare: square input size')
     args = parser.parse_args(argv)
+    if args.compare:
+        return compare_main(args)
 
     from timm_recursive.layers import convert_to_entmax
     model = convert_to_entmax(timm.create_model(args.model, pretrained=args.pretrained), args.alpha).eval()

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ['load_images', 'denormalise']
+__all__ = ['load_images', 'dataset_images', 'denormalise']
 
 
 def load_images(paths: Sequence[str], config: Dict) -> torch.Tensor:
@@ -15,15 +15,30 @@ def load_images(paths: Sequence[str], config: Dict) -> torch.Tensor:
     if not paths:
         from sklearn.datasets import load_sample_images
         paths = load_sample_images().filenames
+    from timm_recursive.data import image_mode
     transform = create_transform(**config)
     images: List[torch.Tensor] = []
     for path in paths:
         try:
-            image = Image.open(path).convert('RGB')
+            image = Image.open(path).convert(image_mode(config))
         except (OSError, ValueError) as e:
             raise ValueError(f'cannot read image {path}: {e}') from e
         images.append(transform(image))
     return torch.stack(images)
+
+
+def dataset_images(name: str, count: int, config: Dict) -> torch.Tensor:
+    """The first ``count`` images of the eval split (``test``/``validation``) of dataset ``name`` (anything
+    ``timm_recursive.data.load_dataset_dict`` resolves), transformed for a model with data config ``config``."""
+    from timm.data import create_transform
+    from timm_recursive.data import IMAGE_COLUMNS, image_mode, load_dataset_dict, to_pil
+    dd, source, _ = load_dataset_dict(name)
+    split = next((s for s in ('test', 'validation', 'val') if s in dd), next(iter(dd)))
+    column = next((c for c in IMAGE_COLUMNS if c in dd[split].column_names), None)
+    if column is None:
+        raise ValueError(f'{source} has no image column (looked for {list(IMAGE_COLUMNS)})')
+    transform = create_transform(**config)
+    return torch.stack([transform(to_pil(img, image_mode(config))) for img in dd[split][:count][column]])
 
 
 def denormalise(images: torch.Tensor, config: Dict) -> np.ndarray:

@@ -1,0 +1,203 @@
+"""Frozen-feature probes of a ViT backbone, as the source measures its DINO models (seed 003).
+
+* Linear classification: the normalised [CLS] token of the last ``n_last_blocks`` blocks (DINO's
+  linear evaluation; optionally with the average of the last block's patch tokens), a linear
+  classifier trained on the cached features, top-1 on the eval split.
+* Dense linear segmentation: the normalised patch tokens of the last block, optionally concatenated
+  with the [CLS] token broadcast over the grid (the source's analysis: [CLS] carries complementary
+  global context), a 1x1 linear layer whose logits are bilinearly upsampled to the mask resolution;
+  mIoU over the classes present in the eval masks or predictions (``ignore_index`` pixels excluded).
+
+Both probes standardise the cached features with the training split's per-channel mean and std
+(a linear map, so the probe stays linear) and train with AdamW under a cosine schedule.
+``compose_canvases`` builds the dense task the README measures from a classification dataset: a grid
+of images on one canvas, each foreground pixel labelled with its image's class.
+"""
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    'classification_features', 'dense_features', 'extract_features', 'FeatureNorm', 'DenseLinearHead',
+    'fit_probe', 'linear_probe', 'dense_probe', 'confusion_matrix', 'segmentation_scores', 'compose_canvases',
+]
+
+
+def _last_blocks(model: nn.Module, images: torch.Tensor, n: int):
+    """(patch grids (B, D, h, w), prefix tokens (B, P, D)) of the last ``n`` blocks, final norm applied."""
+    if not hasattr(model, 'forward_intermediates'):
+        raise TypeError(f'{type(model).__name__} has no forward_intermediates: probes need a timm ViT backbone')
+    return model.forward_intermediates(images, indices=n, norm=True, return_prefix_tokens=True,
+                                       intermediates_only=True)
+
+
+@torch.no_grad()
+def classification_features(model: nn.Module, images: torch.Tensor, n_last_blocks: int = 1,
+                            avgpool_patches: bool = False) -> torch.Tensor:
+    """[CLS] of each of the last ``n_last_blocks`` blocks (then the last block's mean patch token)."""
+    if getattr(model, 'cls_token', None) is None:
+        raise ValueError(f'{type(model).__name__} has no [CLS] token to probe')
+    blocks = _last_blocks(model, images, n_last_blocks)
+    features = [prefix[:, 0] for _, prefix in blocks]
+    if avgpool_patches:
+        features.append(blocks[-1][0].mean(dim=(-2, -1)))
+    return torch.cat(features, dim=-1)
+
+
+@torch.no_grad()
+def dense_features(model: nn.Module, images: torch.Tensor, with_cls: bool = False) -> torch.Tensor:
+    """The last block's patch features (B, D, h, w); with ``with_cls``, [CLS] broadcast and appended (B, 2D, h, w)."""
+    (grid, prefix), = _last_blocks(model, images, 1)
+    if not with_cls:
+        return grid
+    if getattr(model, 'cls_token', None) is None:
+        raise ValueError(f'{type(model).__name__} has no [CLS] token to concatenate')
+    return torch.cat([grid, prefix[:, 0, :, None, None].expand_as(grid)], dim=1)
+
+
+@torch.no_grad()
+def extract_features(fn: Callable[[torch.Tensor], torch.Tensor], loader, target_key: str,
+                     dtype: torch.dtype = torch.float32, progress: bool = False, desc: str = 'features'):
+    """``fn(batch['pixel_values'])`` over ``loader``, concatenated on the CPU as ``dtype``, with the batches' ``target_key``."""
+    from tqdm.auto import tqdm
+    features, targets = [], []
+    for batch in tqdm(loader, desc=desc, leave=False, disable=not progress):
+        features.append(fn(batch['pixel_values']).to('cpu', dtype))
+        targets.append(batch[target_key])
+    if not features:
+        raise ValueError(f'the {desc} loader yielded no images')
+    return torch.cat(features), torch.cat(targets)
+
+
+class FeatureNorm(nn.Module):
+    """Standardise features by fixed per-channel statistics (channels on dim 1)."""
+
+    def __init__(self, features: torch.Tensor):
+        super().__init__()
+        dims = [d for d in range(features.dim()) if d != 1]
+        shape = [1, features.shape[1]] + [1] * (features.dim() - 2)
+        x = features.float()
+        self.register_buffer('mean', x.mean(dims).view(shape))
+        self.register_buffer('std', x.std(dims).clamp_min(1e-6).view(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.float() - self.mean) / self.std
+
+
+class DenseLinearHead(nn.Module):
+    """Standardise patch features (B, D, h, w), 1x1 linear layer, bilinear upsampling to ``out_size``."""
+
+    def __init__(self, train_features: torch.Tensor, num_classes: int, out_size: Tuple[int, int]):
+        super().__init__()
+        self.norm = FeatureNorm(train_features)
+        self.classifier = nn.Conv2d(train_features.shape[1], num_classes, kernel_size=1)
+        self.out_size = tuple(out_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(self.classifier(self.norm(x)), size=self.out_size, mode='bilinear', align_corners=False)
+
+
+def fit_probe(head: nn.Module, features: torch.Tensor, targets: torch.Tensor, loss_fn, epochs: int = 100,
+              lr: float = 1e-3, weight_decay: float = 0., batch_size: int = 256, seed: int = 0,
+              progress: bool = False) -> nn.Module:
+    """Train ``head`` on cached ``features``: AdamW, cosine learning rate, shuffled mini-batches (seeded)."""
+    from tqdm.auto import trange
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    steps_per_epoch = -(-len(features) // batch_size)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * steps_per_epoch)
+    head.train()
+    for _ in trange(epochs, desc='probe', leave=False, disable=not progress):
+        order = torch.randperm(len(features), generator=generator)
+        for idx in order.split(batch_size):
+            loss = loss_fn(head(features[idx]), targets[idx])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+    return head.eval()
+
+
+@torch.no_grad()
+def _predict(head: nn.Module, features: torch.Tensor, batch_size: int) -> torch.Tensor:
+    return torch.cat([head(chunk).argmax(1) for chunk in features.split(batch_size)])
+
+
+def linear_probe(train_features: torch.Tensor, train_labels: torch.Tensor, eval_features: torch.Tensor,
+                 eval_labels: torch.Tensor, num_classes: int, **fit_kwargs) -> Dict:
+    """Top-1 (percent) of a linear classifier trained on frozen features; ``fit_kwargs`` go to ``fit_probe``."""
+    head = nn.Sequential(FeatureNorm(train_features), nn.Linear(train_features.shape[1], num_classes))
+    fit_probe(head, train_features, train_labels, F.cross_entropy, **fit_kwargs)
+    batch_size = fit_kwargs.get('batch_size', 256)
+    train_top1 = (_predict(head, train_features, batch_size) == train_labels).float().mean().item()
+    eval_top1 = (_predict(head, eval_features, batch_size) == eval_labels).float().mean().item()
+    return {'top1': 100 * eval_top1, 'train_top1': 100 * train_top1, 'feature_dim': train_features.shape[1],
+            'train_images': len(train_features), 'eval_images': len(eval_features)}
+
+
+def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int,
+                     ignore_index: Optional[int] = 255) -> torch.Tensor:
+    """(num_classes, num_classes) counts, rows = target class, columns = predicted class."""
+    keep = target != ignore_index if ignore_index is not None else torch.ones_like(target, dtype=torch.bool)
+    target, pred = target[keep].long(), pred[keep].long()
+    if target.numel() and (target.min() < 0 or target.max() >= num_classes):
+        raise ValueError(f'mask labels span {int(target.min())}..{int(target.max())}, outside 0..{num_classes - 1} '
+                         f'(set num_classes, or ignore_index for the void label)')
+    return torch.bincount(target * num_classes + pred, minlength=num_classes ** 2).view(num_classes, num_classes)
+
+
+def segmentation_scores(confusion: torch.Tensor) -> Dict:
+    """mIoU (percent) over the classes present in targets or predictions, per-class IoU (None when
+    absent from both) and pixel accuracy, from a ``confusion_matrix``."""
+    confusion = confusion.double()
+    tp = confusion.diag()
+    union = confusion.sum(0) + confusion.sum(1) - tp
+    present = union > 0
+    iou = torch.where(present, tp / union.clamp_min(1), torch.zeros_like(tp))
+    return {
+        'miou': 100 * iou[present].mean().item() if present.any() else 0.,
+        'per_class_iou': [100 * v if p else None for v, p in zip(iou.tolist(), present.tolist())],
+        'pixel_accuracy': 100 * (tp.sum() / confusion.sum().clamp_min(1)).item(),
+    }
+
+
+def dense_probe(train_features: torch.Tensor, train_masks: torch.Tensor, eval_features: torch.Tensor,
+                eval_masks: torch.Tensor, num_classes: int, ignore_index: Optional[int] = 255, **fit_kwargs) -> Dict:
+    """mIoU of a linear segmentation head on frozen patch features (B, D, h, w) against masks (B, H, W)."""
+    head = DenseLinearHead(train_features, num_classes, train_masks.shape[-2:])
+    ignore = -100 if ignore_index is None else ignore_index
+
+    def loss_fn(logits, masks):
+        return F.cross_entropy(logits, masks, ignore_index=ignore)
+
+    fit_probe(head, train_features, train_masks, loss_fn, **fit_kwargs)
+    head.out_size = tuple(eval_masks.shape[-2:])
+    pred = _predict(head, eval_features, fit_kwargs.get('batch_size', 256))
+    scores = segmentation_scores(confusion_matrix(pred, eval_masks, num_classes, ignore_index))
+    return {**scores, 'feature_dim': train_features.shape[1], 'train_images': len(train_features),
+            'eval_images': len(eval_features)}
+
+
+def compose_canvases(images: np.ndarray, labels: np.ndarray, num_canvases: int, grid: int = 2,
+                     threshold: int = 32, seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """Canvases of ``grid x grid`` images drawn at random (with replacement) from ``images`` (N, h, w)
+    uint8, tiled without overlap, and their masks: pixels brighter than ``threshold`` take the label
+    ``1 + class`` of their image, the rest 0 (background). Returns (canvases, masks), both
+    (num_canvases, grid * h, grid * w) uint8."""
+    if images.ndim != 3 or images.dtype != np.uint8:
+        raise ValueError(f'images must be (N, h, w) uint8, got {images.shape} {images.dtype}')
+    if int(labels.max()) + 1 > 254:
+        raise ValueError('at most 254 classes fit in a uint8 mask with background 0')
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(images), size=(num_canvases, grid, grid))
+    tiles = images[picks]  # (num, grid, grid, h, w)
+    masks = np.where(tiles > threshold, labels[picks][..., None, None] + 1, 0).astype(np.uint8)
+    h, w = images.shape[1:]
+
+    def tile(x):
+        return x.transpose(0, 1, 3, 2, 4).reshape(num_canvases, grid * h, grid * w)
+
+    return tile(tiles), tile(masks)
