@@ -1,6 +1,6 @@
 """DINO self-supervised pretraining pieces (Caron et al., 2021) for any timm ViT.
 
-Family 2 of DESIGN.md (seed 003) measures entmax attention on DINO ViT-S/16 backbones; these are the
+The entmax-attention source measures entmax attention on DINO ViT-S/16 backbones; these are the
 pieces ``train_scripts/train_dino.py`` assembles, importable by the tests:
 
 * ``DINOHead``: MLP -> L2-normalised bottleneck -> weight-normalised prototype layer (the last layer's
