@@ -1,4 +1,5 @@
 """Token decoupling and fusion: the layer's arithmetic, the DeiT models, the helper on other timm ViTs, errors."""
+import json
 import math
 
 import pytest
@@ -396,3 +397,52 @@ def test_objective_collects_training_forwards_and_reaches_the_attention():
         TokenFusionObjective(timm.create_model('deit_tiny_patch16_224', **SMALL), 1., 1.)
     with pytest.raises(ValueError, match='must be >= 0'):
         TokenFusionObjective(model, -1., 0.)
+
+
+# a fused ViT small enough for a training run of seconds on 16 px digits: 16 patches, reduction after block 1
+TINY_FUSED = ['--model-kwargs', 'img_size=16', 'patch_size=4', 'embed_dim=32', 'depth=2', 'num_heads=2',
+              'reduction_blocks=(0,)', "pretrained_cfg_overlay={'input_size':(1,16,16),'crop_pct':1.0}"]
+TINY_DATA = ['--dataset', 'digits', '--in-chans', '1', '--max-train-samples', '64', '--max-eval-samples', '40',
+             '--batch-size', '16', '--eval-batch-size', '16', '--epochs', '1', '--warmup-epochs', '0', '--hflip', '0',
+             '--no-progress']
+
+
+def test_finetune_a_fused_model_from_dense_weights_with_the_objective(tmp_path):
+    from helpers import TINY_RUN, load_script
+    from timm_recursive.training import create_model_from_checkpoint
+    train_script = load_script('train')
+    dense, fused = str(tmp_path / 'dense'), str(tmp_path / 'fused')
+    assert train_script.main(['--model', 'deit_t_tokenfuse', *TINY_FUSED, 'keep_rate=1.0', *TINY_DATA,
+                              '--output', dense]) == 0
+    # the dense export, reloaded as a fused model (local-dir:), fine-tuned with CE + L_imp + L_div
+    assert train_script.main(['--model', f'local-dir:{dense}/model', '--pretrained', *TINY_FUSED, 'keep_rate=0.5',
+                              '--fusion-imp-weight', '1', '--fusion-div-weight', '1', *TINY_DATA,
+                              '--output', fused]) == 0
+    record = [json.loads(line) for line in open(f'{fused}/metrics.jsonl')][-1]
+    assert record['train_fusion_loss'] > 0
+    kwargs = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, reduction_blocks=(0,))
+    before = create_model_from_checkpoint(dense, **kwargs, keep_rate=0.5)
+    after = create_model_from_checkpoint(fused, **kwargs, keep_rate=0.5)
+    assert list(after.state_dict()) == list(before.state_dict())
+    assert not torch.equal(after.blocks[0].attn.qkv.weight, before.blocks[0].attn.qkv.weight)
+    with pytest.raises(SystemExit, match='has no TokenFusion layer'):
+        train_script.main(TINY_RUN + ['--fusion-div-weight', '1', '--output', str(tmp_path / 'recursive')])
+
+
+def test_imagenet_evaluation_command_runs_offline_on_an_imagefolder(tmp_path):
+    """The README's ImageNet command, with a local DeiT-Ti weight file and a 2-class val/ folder for the Hub and ImageNet."""
+    from PIL import Image
+    from safetensors.torch import save_file
+    from helpers import load_script
+    for wnid in ('n01440764', 'n01443537'):
+        (tmp_path / 'imagenet' / 'val' / wnid).mkdir(parents=True)
+        for i in range(2):
+            Image.new('RGB', (120, 90), (60 * i, 100, 200)).save(tmp_path / 'imagenet' / 'val' / wnid / f'{i}.JPEG')
+    weights = str(tmp_path / 'deit_tiny.safetensors')
+    save_file(timm.create_model('deit_tiny_patch16_224', num_classes=2).state_dict(), weights)
+    out = str(tmp_path / 'eval.json')
+    assert load_script('evaluate').main([
+        '--model', 'deit_t_tokenfuse', '--checkpoint', weights, '--model-kwargs', 'num_classes=2', 'keep_rate=0.7',
+        'mode=both', '--dataset', str(tmp_path / 'imagenet'), '--split', 'validation', '--json', out]) == 0
+    result = json.load(open(out))
+    assert result['images'] == 4 and len(result['top1']) == 1
