@@ -97,9 +97,9 @@ def finetune_args(dense_dir: str, fusion_kwargs: List[str], alpha: float, beta: 
 
 
 def markdown(results: Dict) -> str:
-    dense, cells, ft = results['dense'], results['cells'], results.get('finetuned', {})
+    dense, cells, ft = results.get('dense', {'top1': float('nan')}), results.get('cells', {}), results.get('finetuned', {})
     cost = results.get('cost', {})
-    score = results['importance_score']
+    score = results.get('importance_score', 'cls_query')  # chosen once every off-the-shelf cell is measured
 
     def speed(name):
         c = cost.get(name)
@@ -131,7 +131,7 @@ def markdown(results: Dict) -> str:
     if any(v is not None for v in no_objective):
         lines.append('| both, fine-tuned with CE only (alpha = beta = 0) | ' + ' | '.join(
             f'{v:.2f}' if v is not None else '-' for v in no_objective) + ' |')
-    return '\n'.join(lines) + '\n'
+    return '\n'.join(lines).replace('nan', '-') + '\n'
 
 
 def main(argv=None) -> int:
@@ -141,11 +141,15 @@ def main(argv=None) -> int:
     p.add_argument('--alpha', type=float, default=0.1, help='weight of L_imp in the fine-tunes')
     p.add_argument('--beta', type=float, default=0.1, help='weight of L_div in the fine-tunes')
     p.add_argument('--repeats', type=int, default=3, help='timing repeats')
+    p.add_argument('--table-only', action='store_true', help='write table.md from results.json as it is, run nothing')
     args = p.parse_args(argv)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     results_path = os.path.join(out, 'results.json')
     results = json.load(open(results_path)) if os.path.isfile(results_path) else {}
+    if args.table_only:
+        write_table(results, out)
+        return 0
 
     def save():
         write_json_atomic(results_path, results)
@@ -179,30 +183,6 @@ def main(argv=None) -> int:
     mean = {s: sum(cells[cell_name(m, k, importance_score=s)]['top1'] for m in FUSION_MODES for k in KEEP_RATES)
             for s in IMPORTANCE_SCORES}
     score = results['importance_score'] = max(IMPORTANCE_SCORES, key=lambda s: (mean[s], s == 'cls_query'))
-    for keep_rate in SWEEP_KEEP_RATES:
-        for m in FUSED_TOKENS:
-            if m != DEFAULT_FUSED_TOKENS:
-                measure('both', keep_rate, importance_score=score, num_fused_tokens=m)
-    save()
-
-    finetuned = results.setdefault('finetuned', {})
-    runs = [('dense', ['keep_rate=1.0'], 0., 0.)]
-    runs += [(cell_name(mode, k), [f'keep_rate={k}', f'mode={mode}', f'importance_score={score}'], args.alpha, args.beta)
-             for mode in FUSION_MODES for k in KEEP_RATES]
-    runs += [(cell_name('both', 0.5, alpha=0, beta=0), ['keep_rate=0.5', 'mode=both', f'importance_score={score}'],
-              0., 0.)]
-    for name, fusion_kwargs, alpha, beta in runs:
-        if name in finetuned:
-            continue
-        run_dir = os.path.join(out, 'finetune', name.replace(' ', '_').replace('=', ''))
-        train(finetune_args(dense_dir, fusion_kwargs, alpha, beta, args.finetune_samples), run_dir)
-        fusion = dict(kv.split('=') for kv in fusion_kwargs)
-        model = fused_model(run_dir, keep_rate=float(fusion.pop('keep_rate')), **fusion)
-        finetuned[name] = {'top1': top1(model, batches), 'alpha': alpha, 'beta': beta,
-                           'train_images': args.finetune_samples, 'epochs': 1}
-        print('fine-tuned', name, finetuned[name], flush=True)
-        save()
-
     if 'cost' not in results:
         models = {'dense': dense}
         models.update({cell_name(mode, k): fused_model(dense_dir, mode=mode, keep_rate=k, importance_score=score)
@@ -221,14 +201,45 @@ def main(argv=None) -> int:
         results['cost_setup'] = {'batch': len(images), 'repeats': args.repeats, 'threads': torch.get_num_threads(),
                                  'torch': torch.__version__}
         save()
+    for keep_rate in SWEEP_KEEP_RATES:
+        for m in FUSED_TOKENS:
+            if m != DEFAULT_FUSED_TOKENS:
+                measure('both', keep_rate, importance_score=score, num_fused_tokens=m)
+    save()
+
+    finetuned = results.setdefault('finetuned', {})
+    runs = [('dense', ['keep_rate=1.0'], 0., 0.)]
+    fused_runs = [(cell_name(mode, k), [f'keep_rate={k}', f'mode={mode}', f'importance_score={score}'], args.alpha,
+                   args.beta) for k in KEEP_RATES for mode in FUSION_MODES]
+    no_objective = (cell_name('both', 0.5, alpha=0, beta=0), ['keep_rate=0.5', 'mode=both', f'importance_score={score}'],
+                    0., 0.)
+    # keep 0.5 and 0.7 and the objective's ablation first: the rest if time allows
+    runs += [r for r in fused_runs if ' keep=0.5' in r[0] or ' keep=0.7' in r[0]] + [no_objective]
+    runs += [r for r in fused_runs if r not in runs]
+    for name, fusion_kwargs, alpha, beta in runs:
+        if name in finetuned:
+            continue
+        run_dir = os.path.join(out, 'finetune', name.replace(' ', '_').replace('=', ''))
+        train(finetune_args(dense_dir, fusion_kwargs, alpha, beta, args.finetune_samples), run_dir)
+        fusion = dict(kv.split('=') for kv in fusion_kwargs)
+        model = fused_model(run_dir, keep_rate=float(fusion.pop('keep_rate')), **fusion)
+        finetuned[name] = {'top1': top1(model, batches), 'alpha': alpha, 'beta': beta,
+                           'train_images': args.finetune_samples, 'epochs': 1}
+        print('fine-tuned', name, finetuned[name], flush=True)
+        save()
+
     results['this_session_s'] = time.perf_counter() - start
     save()
+    write_table(results, out)
+    return 0
+
+
+def write_table(results: Dict, out: str) -> None:
     table = markdown(results)
     with open(os.path.join(out, 'table.md.tmp'), 'w') as f:
         f.write(table)
     os.replace(os.path.join(out, 'table.md.tmp'), os.path.join(out, 'table.md'))
     print(table)
-    return 0
 
 
 if __name__ == '__main__':
