@@ -63,8 +63,8 @@ class ClsRowAttention(ProjectedAttention):
         ``score``: ``'head_mean'``, the [CLS] query's attention row averaged over heads;
         ``'cls_query'``, ``softmax(q_cls . k / sqrt(d))`` over the full width d (the source's formula).
         """
-        if score not in IMPORTANCE_SCORES:
-            raise ValueError(f'importance score must be one of {IMPORTANCE_SCORES}, got {score!r}')
+        if score != 'cls_query' and score != 'head_mean':  # spelled out for TorchScript
+            raise ValueError('importance score must be one of cls_query, head_mean; got ' + score)
         q, k, v, gate = self.project_qkv(x)
         attn: Optional[torch.Tensor] = None
         if self.fused_attn:
