@@ -129,7 +129,9 @@ def markdown(results: Dict) -> str:
             for k in SWEEP_KEEP_RATES) + ' |')
     no_objective = [ft.get(cell_name('both', k, alpha=0, beta=0), {}).get('top1') for k in KEEP_RATES]
     if any(v is not None for v in no_objective):
-        lines.append('| both, fine-tuned with CE only (alpha = beta = 0) | ' + ' | '.join(
+        lines += ['', '| both, fine-tuned, top-1 | ' + ' | '.join(f'keep {k}' for k in KEEP_RATES) + ' |',
+                  '|---|' + '---|' * len(KEEP_RATES)]
+        lines.append('| CE only (alpha = beta = 0) | ' + ' | '.join(
             f'{v:.2f}' if v is not None else '-' for v in no_objective) + ' |')
     return '\n'.join(lines).replace('nan', '-') + '\n'
 
