@@ -16,39 +16,15 @@ GPU; ToMe (r=13) 1.67x. Timings are noisy on a shared CPU: compare the ratios wi
 """
 import argparse
 import json
-from typing import Dict
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import timm
 import timm_recursive  # noqa: F401  registers the models
-from timm.layers import Attention
 from timm_recursive.analysis.timing import median_seconds
-from timm_recursive.layers import clustering_macs
-from timm_recursive.models import record_token_fusion, recorded_reductions
+from timm_recursive.analysis.token_fusion_cost import count_gmacs
 
 BASELINE = 'deit_small_patch16_224'
-
-
-def count_gmacs(model: torch.nn.Module, image: torch.Tensor) -> Dict[str, float]:
-    """Counted GMACs with fused attention off, and the analytic clustering GMACs the counter misses."""
-    attns = [m for m in model.modules() if isinstance(m, Attention)]
-    fused = [a.fused_attn for a in attns]
-    for a in attns:
-        a.fused_attn = False
-    try:
-        with torch.inference_mode(), record_token_fusion(model), FlopCounterMode(display=False) as counter:
-            model(image)
-            reductions = recorded_reductions(model).values()
-    finally:
-        for a, f in zip(attns, fused):
-            a.fused_attn = f
-    dim = model.embed_dim
-    clustering = sum(clustering_macs(r['fuse_index'].shape[1], dim) for r in reductions if int(r['num_clusters']) > 0)
-    counted = counter.get_total_flops() / 2  # the counter reports 2 FLOPs per multiply-accumulate
-    return {'counted_gmacs': counted / 1e9, 'clustering_gmacs': clustering / 1e9,
-            'gmacs': (counted + clustering) / 1e9}
 
 
 def main():

@@ -1,4 +1,5 @@
 """Token decoupling and fusion: the layer's arithmetic, the DeiT models, the helper on other timm ViTs, errors."""
+import json
 import math
 
 import pytest
@@ -8,7 +9,8 @@ import timm
 import timm_recursive  # noqa: F401
 from timm.models.vision_transformer import Block, VisionTransformer
 from timm_recursive.layers import (
-    ClsRowAttention, TokenFusion, density_peak_clusters, token_sources, weighted_cluster_means)
+    ClsRowAttention, TokenFusion, TokenFusionObjective, density_peak_clusters, fusion_objective_terms, token_sources,
+    weighted_cluster_means)
 from timm_recursive.models import TokenFusionVisionTransformer, apply_token_fusion, record_token_fusion
 
 SMALL = dict(img_size=96)  # a 6x6 patch grid keeps the tests fast
@@ -253,3 +255,194 @@ def test_fusion_maps_command_writes_a_png_per_image(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ['token_fusion.json', 'token_fusion_0.png', 'token_fusion_1.png']
     with pytest.raises(TypeError, match='no token fusion block'):
         fusion_stages(timm.create_model('deit_tiny_patch16_224', **SMALL), torch.randn(1, 3, 96, 96))
+
+
+MODE_COUNTS = {  # 36 patches, keep 0.5, reductions after blocks 4, 7, 10 (counting from 1)
+    'importance': [36, 18 + 1, 10 + 1, 6 + 1],  # the inattentive tokens fused into one (EViT)
+    'both': [36, 18 + 2, 10 + 2, 6 + 2],
+    'diversity': [36, 18 + 2, 10 + 2, 6 + 2],  # every token clustered into the count of 'both'
+}
+
+
+@pytest.mark.parametrize('mode', sorted(MODE_COUNTS))
+def test_modes_token_counts_identity_and_batch_consistency(mode):
+    torch.manual_seed(0)
+    reference = timm.create_model('deit_tiny_patch16_224', **SMALL).eval()
+    model = timm.create_model('deit_t_tokenfuse', mode=mode, keep_rate=1.0, **SMALL).eval()
+    model.load_state_dict(reference.state_dict())
+    x = torch.randn(3, 3, 96, 96)
+    for score in ('cls_query', 'head_mean'):
+        apply_token_fusion(model, keep_rate=1.0, mode=mode, importance_score=score)
+        _outputs_equal(model, reference, x)  # keep 1.0: the plain DeiT, whatever the mode and score
+    apply_token_fusion(model, keep_rate=0.5, mode=mode)
+    counts = MODE_COUNTS[mode]
+    assert model.token_counts() == [1 + n for n in [counts[0]] * 3 + [counts[1]] * 3 + [counts[2]] * 3 + [counts[3]] * 3]
+    seen = []
+    hooks = [b.mlp.register_forward_hook(lambda m, i, o: seen.append(o.shape[1])) for b in model.blocks]
+    with torch.no_grad(), record_token_fusion(model) as fusions:
+        batched = model(x)
+        for b in range(3):  # every image is reduced on its own: a batch changes nothing
+            torch.testing.assert_close(model(x[b:b + 1])[0], batched[b], rtol=1e-4, atol=1e-5)
+    for h in hooks:
+        h.remove()
+    assert seen[:12] == model.token_counts()
+    first = fusions[0].last_record
+    kept = {'importance': 18, 'both': 18, 'diversity': 0}[mode]
+    assert first['keep_index'].shape == (1, kept) and first['fuse_index'].shape == (1, 36 - kept)
+    assert sorted(first['assignment'][0].unique().tolist()) == list(range(counts[1] - kept))
+    with torch.no_grad():
+        assert not torch.allclose(batched, reference(x), atol=1e-4)
+
+
+def test_diversity_clusters_every_patch_and_importance_fuses_the_rest_into_one():
+    torch.manual_seed(0)
+    B, P, n, C = 2, 1, 12, 4
+    x, importance = torch.randn(B, P + n, C), torch.rand(B, n)
+    importance_only = TokenFusion(keep_rate=0.5, num_fused_tokens=3, mode='importance')
+    out = importance_only(x, importance)
+    assert out.shape == (B, P + 6 + 1, C)
+    for b in range(B):
+        rest = importance[b].topk(n - 6, largest=False).indices
+        w = importance[b, rest]
+        torch.testing.assert_close(out[b, -1], (w[:, None] * x[b, P + rest]).sum(0) / w.sum())
+    diversity = TokenFusion(keep_rate=0.25, num_fused_tokens=2, mode='diversity')
+    diversity.record = True
+    out = diversity(x, importance)
+    assert out.shape == (B, P + 3 + 2, C) and diversity.num_outputs(n) == 5
+    assert (out[:, 0] == x[:, 0]).all()  # [CLS] untouched
+    # each output is the importance-weighted mean of its cluster of the 12 patches
+    record = diversity.last_record
+    expected = weighted_cluster_means(x[:, P:].gather(1, record['fuse_index'][..., None].expand(-1, -1, C)),
+                                      importance.gather(1, record['fuse_index']), record['assignment'], 5)
+    torch.testing.assert_close(out[:, P:], expected)
+    # as many clusters as patches: no reduction
+    assert TokenFusion(keep_rate=0.9, num_fused_tokens=2, mode='diversity')(x, importance) is x
+
+
+def test_cls_query_score_is_the_full_width_softmax_of_the_source():
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4).eval()
+    apply_token_fusion(model, keep_rate=1.0, reduction_blocks=(1,))
+    attn = model.blocks[1].attn
+    tokens = torch.randn(2, 17, 32)
+    with torch.no_grad():
+        q, k, _ = attn.qkv(tokens).chunk(3, dim=-1)  # (B, N, d) each: the heads side by side
+        expected = (q[:, :1] @ k.transpose(1, 2) / math.sqrt(32)).softmax(dim=-1).squeeze(1)
+        for fused in (True, False):
+            attn.fused_attn = fused
+            out, row = attn.forward_with_cls_row(tokens, 'cls_query')
+            torch.testing.assert_close(row, expected)
+            torch.testing.assert_close(out, attn.forward_with_cls_row(tokens, 'head_mean')[0])
+    with pytest.raises(ValueError, match='importance score must be one of'):
+        attn.forward_with_cls_row(tokens, 'mean')
+    with pytest.raises(ValueError, match='token fusion mode must be one of'):
+        timm.create_model('deit_t_tokenfuse', mode='evit')
+    with pytest.raises(ValueError, match='importance score must be one of'):
+        TokenFusion(importance_score='max')
+
+
+def test_importance_loss_is_the_attention_mass_left_to_fusion():
+    torch.manual_seed(0)
+    patches = torch.randn(2, 10, 4)
+    importance = torch.rand(2, 10).softmax(-1).requires_grad_()
+    fusion = TokenFusion(keep_rate=0.3, num_fused_tokens=2)
+    fusion.record = True
+    fusion(torch.cat([torch.zeros(2, 1, 4), patches], 1), importance.detach())
+    record = fusion.last_record
+    terms = fusion_objective_terms(patches, importance, record)
+    kept = importance.detach().gather(1, record['keep_index']).sum(1) / importance.detach().sum(1)
+    torch.testing.assert_close(terms['imp'], (1 - kept).mean())
+    terms['imp'].backward()
+    # lowering an inattentive token's importance lowers the loss; raising a kept one's too
+    assert (importance.grad.gather(1, record['fuse_index']) > importance.grad.gather(1, record['keep_index']).max()).all()
+    assert fusion_objective_terms(patches, importance, {}) == {}
+
+
+def test_diversity_loss_is_within_over_total_cluster_dispersion():
+    centres = torch.tensor([[0., 0.], [4., 0.], [0., 4.]])
+    assignment = torch.tensor([[0, 0, 1, 1, 2, 2]])
+    tight = centres[assignment[0]].unsqueeze(0).clone().requires_grad_()
+    record = {'keep_index': torch.zeros(1, 0, dtype=torch.long), 'fuse_index': torch.arange(6)[None],
+              'assignment': assignment, 'num_clusters': torch.tensor(3)}
+    weights = torch.ones(1, 6)
+    assert fusion_objective_terms(tight, weights, record)['div'].item() == pytest.approx(0., abs=1e-6)
+    spread = tight.detach() + torch.tensor([[0.5, 0.], [-0.5, 0.], [0.5, 0.], [-0.5, 0.], [0.5, 0.], [-0.5, 0.]])
+    spread.requires_grad_()
+    div = fusion_objective_terms(spread, weights, record)['div']
+    within, total = 6 * 0.25, (spread.detach() - spread.detach().mean(1, keepdim=True)).pow(2).sum()
+    assert div.item() == pytest.approx(within / total.item())
+    div.backward()  # the gradient pulls every token towards its cluster mean
+    assert (spread.grad[0, ::2, 0] > 0).all() and (spread.grad[0, 1::2, 0] < 0).all()
+    one_cluster = dict(record, assignment=torch.zeros(1, 6, dtype=torch.long), num_clusters=torch.tensor(1))
+    assert 'div' not in fusion_objective_terms(spread, weights, one_cluster)
+
+
+def test_objective_collects_training_forwards_and_reaches_the_attention():
+    torch.manual_seed(0)
+    model = timm.create_model('deit_t_tokenfuse', keep_rate=0.5, **SMALL)
+    objective = TokenFusionObjective(model, alpha=1.0, beta=0.5)
+    x = torch.randn(2, 3, 96, 96)
+    model(x)
+    loss, terms = objective()
+    assert set(terms) == {'imp', 'div'} and 0 < terms['imp'] < 1 and 0 < terms['div'] < 1
+    assert loss.item() == pytest.approx(terms['imp'] + 0.5 * terms['div'], rel=1e-5)
+    loss.backward()
+    assert model.blocks[3].attn.qkv.weight.grad.abs().sum() > 0
+    assert objective()[1] == {}  # terms are used once
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    assert objective()[1] == {}  # evaluation forwards compute nothing
+    with pytest.raises(ValueError, match='has no TokenFusion layer'):
+        TokenFusionObjective(timm.create_model('deit_tiny_patch16_224', **SMALL), 1., 1.)
+    with pytest.raises(ValueError, match='must be >= 0'):
+        TokenFusionObjective(model, -1., 0.)
+
+
+# a fused ViT small enough for a training run of seconds on 16 px digits: 16 patches, reduction after block 1
+TINY_FUSED = ['--model-kwargs', 'img_size=16', 'patch_size=4', 'embed_dim=32', 'depth=2', 'num_heads=2',
+              'reduction_blocks=(0,)', "pretrained_cfg_overlay={'input_size':(1,16,16),'crop_pct':1.0}"]
+TINY_DATA = ['--dataset', 'digits', '--in-chans', '1', '--max-train-samples', '64', '--max-eval-samples', '40',
+             '--batch-size', '16', '--eval-batch-size', '16', '--epochs', '1', '--warmup-epochs', '0', '--hflip', '0',
+             '--no-progress']
+
+
+def test_finetune_a_fused_model_from_dense_weights_with_the_objective(tmp_path):
+    from helpers import TINY_RUN, load_script
+    from timm_recursive.training import create_model_from_checkpoint
+    train_script = load_script('train')
+    dense, fused = str(tmp_path / 'dense'), str(tmp_path / 'fused')
+    assert train_script.main(['--model', 'deit_t_tokenfuse', *TINY_FUSED, 'keep_rate=1.0', *TINY_DATA,
+                              '--output', dense]) == 0
+    # the dense export, reloaded as a fused model (local-dir:), fine-tuned with CE + L_imp + L_div
+    assert train_script.main(['--model', f'local-dir:{dense}/model', '--pretrained', *TINY_FUSED, 'keep_rate=0.5',
+                              '--fusion-imp-weight', '1', '--fusion-div-weight', '1', *TINY_DATA,
+                              '--output', fused]) == 0
+    record = [json.loads(line) for line in open(f'{fused}/metrics.jsonl')][-1]
+    assert record['train_fusion_loss'] > 0
+    kwargs = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, reduction_blocks=(0,))
+    before = create_model_from_checkpoint(dense, **kwargs, keep_rate=0.5)
+    after = create_model_from_checkpoint(fused, **kwargs, keep_rate=0.5)
+    assert list(after.state_dict()) == list(before.state_dict())
+    assert not torch.equal(after.blocks[0].attn.qkv.weight, before.blocks[0].attn.qkv.weight)
+    with pytest.raises(SystemExit, match='has no TokenFusion layer'):
+        train_script.main(TINY_RUN + ['--fusion-div-weight', '1', '--output', str(tmp_path / 'recursive')])
+
+
+def test_imagenet_evaluation_command_runs_offline_on_an_imagefolder(tmp_path):
+    """The README's ImageNet command, with a local DeiT-Ti weight file and a 2-class val/ folder for the Hub and ImageNet."""
+    from PIL import Image
+    from safetensors.torch import save_file
+    from helpers import load_script
+    for wnid in ('n01440764', 'n01443537'):
+        (tmp_path / 'imagenet' / 'val' / wnid).mkdir(parents=True)
+        for i in range(2):
+            Image.new('RGB', (120, 90), (60 * i, 100, 200)).save(tmp_path / 'imagenet' / 'val' / wnid / f'{i}.JPEG')
+    weights = str(tmp_path / 'deit_tiny.safetensors')
+    save_file(timm.create_model('deit_tiny_patch16_224', num_classes=2).state_dict(), weights)
+    out = str(tmp_path / 'eval.json')
+    assert load_script('evaluate').main([
+        '--model', 'deit_t_tokenfuse', '--checkpoint', weights, '--model-kwargs', 'num_classes=2', 'keep_rate=0.7',
+        'mode=both', '--dataset', str(tmp_path / 'imagenet'), '--split', 'validation', '--json', out]) == 0
+    result = json.load(open(out))
+    assert result['images'] == 4 and len(result['top1']) == 1

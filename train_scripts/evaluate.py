@@ -51,8 +51,9 @@ def format_results(result: dict) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
+        # a named split is all evaluation needs (e.g. an imagefolder with only val/, such as ImageNet's)
         splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
-                                 eval_split=args.split)
+                                 train_split=args.split, eval_split=args.split)
         model = model_from_arguments(args, splits.num_classes).to(args.device).eval()
     except (DatasetError, CheckpointError) as e:
         print(f'error: {e}', file=sys.stderr)

@@ -38,6 +38,7 @@ from timm.utils import ModelEmaV3, ParseKwargs
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.data import DatasetError, create_dataset_transform, hold_out, resolve_dataset
+from timm_recursive.layers import TokenFusionObjective
 from timm_recursive.training import (
     StopRequest, describe_hardware, step_seed, stop_requested,
     STEP_WEIGHTINGS, CheckpointError, SeededSamples, StepOutputs, collate_classification, create_classifier, deep_supervision_loss, evaluate_steps, export_model,
@@ -120,6 +121,12 @@ def parse_args(argv=None):
     g.add_argument('--mixed-precision', default=None, choices=('no', 'bf16', 'fp16'), help='default: no')
     g.add_argument('--amp', action='store_true', help='mixed precision in --amp-dtype (timm\'s name)')
     g.add_argument('--amp-dtype', default='float16', choices=tuple(AMP_DTYPES))
+    g = p.add_argument_group('token fusion objective', 'models with TokenFusion layers (*_tokenfuse): the loss '
+                             'becomes CE + alpha L_imp + beta L_div (timm_recursive.layers.TokenFusionObjective)')
+    g.add_argument('--fusion-imp-weight', type=float, default=0.,
+                   help='alpha: weight of L_imp, the [CLS] attention mass outside the kept tokens')
+    g.add_argument('--fusion-div-weight', type=float, default=0.,
+                   help='beta: weight of L_div, the fused tokens\' within-cluster over total dispersion')
     g = p.add_argument_group('run')
     g.add_argument('--seeds', '--seed', dest='seeds', type=int, nargs='+', default=[0],
                    help='one run per seed; mean and std reported')
@@ -273,6 +280,12 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     eval_loader = DataLoader(eval_ds, batch_size=args.eval_batch_size, **loader_kw)
     select_loader = DataLoader(select_ds, batch_size=args.eval_batch_size, **loader_kw) if select_ds is not None else None
 
+    fusion_objective = None
+    if args.fusion_imp_weight or args.fusion_div_weight:
+        try:
+            fusion_objective = TokenFusionObjective(model, args.fusion_imp_weight, args.fusion_div_weight)
+        except ValueError as e:
+            raise SystemExit(f'error: --fusion-imp-weight/--fusion-div-weight: {e}')
     net = StepOutputs(model)
     if args.torchcompile:
         net.compile(backend=args.torchcompile)  # in place: state dict keys (and saved states) unchanged
@@ -332,6 +345,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
             loader.set_epoch(epoch)  # reaches SeededSamples; the loader would otherwise count its own epochs
             num_updates = epoch * updates_per_epoch + start_step // args.grad_accum_steps
             epoch_start, seen, loss_sum, ce_sum, aux_sum, batches = time.perf_counter(), 0, 0., 0., 0., 0
+            fusion_sum = 0.
             grad_norms = []
             from tqdm.auto import tqdm
             step_in_epoch = start_step if epoch == start_epoch else 0
@@ -350,6 +364,10 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
                     ce = deep_supervision_loss(step_logits, target, weights,
                                                label_smoothing=0. if mixup is not None else args.label_smoothing)
                     loss = ce + args.aux_loss_coef * aux.float()
+                    if fusion_objective is not None:
+                        fusion_loss, _ = fusion_objective()
+                        loss = loss + fusion_loss
+                        fusion_sum += fusion_loss.item()
                     if not torch.isfinite(loss):
                         raise FloatingPointError(f'loss is {loss.item()} at epoch {epoch + 1}, step {step_in_epoch}')
                     accelerator.backward(loss)
@@ -386,7 +404,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
             record = {
                 'epoch': epoch + 1,
                 'train_loss': loss_sum / max(1, batches), 'train_ce': ce_sum / max(1, batches),
-                'train_aux': aux_sum / max(1, batches), 'lr': optimizer.param_groups[0]['lr'],
+                'train_aux': aux_sum / max(1, batches), 'train_fusion_loss': fusion_sum / max(1, batches), 'lr': optimizer.param_groups[0]['lr'],
                 'grad_norm_mean': statistics.fmean(grad_norms) if grad_norms else None,
                 'grad_norm_max': max(grad_norms) if grad_norms else None,
                 'train_images_per_s': seen / train_time,

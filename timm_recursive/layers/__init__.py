@@ -4,4 +4,5 @@ from .entmax_ops import entmax, entmax15, entmax_bisect
 from .entmax_attention import EntmaxAttention, attention_probs, convert_to_entmax
 from .attention_projections import ProjectedAttention
 from .token_fusion import (
-    ClsRowAttention, TokenFusion, clustering_macs, density_peak_clusters, token_sources, weighted_cluster_means)
+    FUSION_MODES, IMPORTANCE_SCORES, ClsRowAttention, TokenFusion, TokenFusionObjective, clustering_macs,
+    density_peak_clusters, fusion_objective_terms, token_sources, weighted_cluster_means)

@@ -1,16 +1,35 @@
 """Token decoupling and fusion: keep the patch tokens the [CLS] token attends to, cluster and merge the rest.
 
-Family 3 of DESIGN.md (seed 001). After the attention of a block, the patch tokens are ranked by
-the [CLS] query's attention row (averaged over heads): the top ``ceil(keep_rate * N)`` are kept
+As a technical summary of token decoupling and fusion describes it: after the attention of a block, the patch tokens are ranked by
+their importance, the [CLS] query's attention over them: the top ``ceil(keep_rate * N)`` are kept
 as they are (importance), the inattentive rest is grouped by density-peak k-nearest-neighbour
 clustering and each group merged into one token by an importance-weighted mean (diversity). No
 learnable parameters, so a pretrained ViT's weights load unchanged; every image of a batch keeps
 the same number of tokens, so everything is batched tensor code.
 
+Modes (``FUSION_MODES``), the source's ablation as options of one layer:
+
+* ``both``: the method above;
+* ``importance``: keep the attentive tokens, fuse all the others into one token (EViT);
+* ``diversity``: no attentive split, every patch token is clustered into ``ceil(keep_rate * N) +
+  num_fused_tokens`` importance-weighted cluster means, the token count of ``both``.
+
+Importance scores (``IMPORTANCE_SCORES``): ``cls_query``, the source's
+``softmax(Q_cls K^T / sqrt(d))`` with the query and keys over the full width d (all heads at once);
+``head_mean``, each head's own attention row of [CLS] (scale ``1/sqrt(d_head)``), averaged over heads.
+
+Training objective (seed 001, ``L = alpha L_imp + beta L_div`` added to the classification loss),
+``TokenFusionObjective``: ``L_imp``, the [CLS] attention mass that falls outside the kept tokens
+(the importance left to fusion), so attention concentrates on what is kept; ``L_div``, a
+clustering regulariser on the fused tokens, their within-cluster dispersion over their total
+dispersion (importance-weighted, ``W / T = 1 - B / T``): minimal when clusters are tight (the
+merge loses little) and their means far apart (the fused tokens are diverse).
+
 - ``ClsRowAttention``: timm's ``Attention`` (same parameters) whose ``forward_with_cls_row`` also
-  returns the [CLS] row. With the fused SDPA kernel the row is computed alone, O(N d), rather
-  than giving up the kernel, which returns no attention map.
+  returns the importance of every token. With the fused SDPA kernel the [CLS] row is computed
+  alone, O(N d), rather than giving up the kernel, which returns no attention map.
 - ``TokenFusion``: the reduction; with ``record = True`` it keeps what it did in ``last_record``.
+- ``TokenFusionObjective``: ``alpha L_imp + beta L_div`` of every ``TokenFusion`` of a model.
 - ``density_peak_clusters``, ``weighted_cluster_means``: the two steps of the fusion.
 - ``token_sources``: composes recorded reductions into, for every original patch, the token that
   stands for it now, and how many patches each token stands for.
@@ -28,25 +47,42 @@ from .graph_capture import is_graph_capture
 
 __all__ = [
     'ClsRowAttention', 'TokenFusion', 'density_peak_clusters', 'weighted_cluster_means', 'token_sources',
-    'clustering_macs', 'fuse_tokens', 'num_kept',
+    'clustering_macs', 'fuse_tokens', 'num_kept', 'fusion_objective_terms', 'TokenFusionObjective',
+    'FUSION_MODES', 'IMPORTANCE_SCORES',
 ]
+
+FUSION_MODES = ('both', 'importance', 'diversity')
+IMPORTANCE_SCORES = ('cls_query', 'head_mean')
 
 
 class ClsRowAttention(ProjectedAttention):
-    """timm ``Attention`` that can also return the attention row of the [CLS] query (token 0)."""
+    """timm ``Attention`` that can also return the importance of every token: the [CLS] query's (token 0) attention."""
 
-    def forward_with_cls_row(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The attention output and the [CLS] query's attention over all N tokens, averaged over heads (B, N)."""
+    def forward_with_cls_row(self, x: torch.Tensor, score: str = 'head_mean') -> Tuple[torch.Tensor, torch.Tensor]:
+        """The attention output and the importance (B, N) of all N tokens, in float32, summing to 1.
+
+        ``score``: ``'head_mean'``, the [CLS] query's attention row averaged over heads;
+        ``'cls_query'``, ``softmax(q_cls . k / sqrt(d))`` over the full width d (the source's formula).
+        """
+        if score != 'cls_query' and score != 'head_mean':  # spelled out for TorchScript
+            raise ValueError('importance score must be one of cls_query, head_mean; got ' + score)
         q, k, v, gate = self.project_qkv(x)
+        attn: Optional[torch.Tensor] = None
         if self.fused_attn:
-            # one query row next to the fused kernel: O(N d) instead of the full attention map
-            row = ((q[:, :, :1] * self.scale) @ k.transpose(-2, -1)).float().softmax(dim=-1)
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.)
         else:
             attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-            row = attn[:, :, :1].float()
             x = self.attn_drop(attn) @ v
-        return self.project_output(x, gate), row.mean(dim=1).squeeze(1)
+        if score == 'cls_query':
+            B, H, N, D = k.shape
+            q_cls = q[:, :, 0].reshape(B, 1, H * D)
+            keys = k.transpose(1, 2).reshape(B, N, H * D)
+            row = ((q_cls * (H * D) ** -0.5) @ keys.transpose(1, 2)).float().softmax(dim=-1).squeeze(1)
+        elif attn is not None:
+            row = attn[:, :, 0].float().mean(dim=1)
+        else:  # one query row next to the fused kernel: O(N d) instead of the full attention map
+            row = ((q[:, :, :1] * self.scale) @ k.transpose(-2, -1)).float().softmax(dim=-1).mean(dim=1).squeeze(1)
+        return self.project_output(x, gate), row
 
 
 def _gather_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -116,50 +152,76 @@ def weighted_cluster_means(
     return (sums / totals.clamp_min(1e-30).unsqueeze(-1)).to(x.dtype)
 
 
-def clustering_macs(num_fused_inputs: int, dim: int) -> int:
-    """Multiply-accumulates of one fusion that FLOP counters miss: the pairwise distances (``cdist``) and the merge."""
-    return num_fused_inputs * num_fused_inputs * dim + num_fused_inputs * dim
+def clustering_macs(num_fused_inputs: int, dim: int, num_clusters: int = 2) -> int:
+    """Multiply-accumulates of one fusion that FLOP counters miss: the pairwise distances (``cdist``) and the merge.
+
+    One cluster (mode ``importance``), or as many as tokens, needs no distances: only the merge.
+    """
+    distances = num_fused_inputs * num_fused_inputs * dim if 1 < num_clusters < num_fused_inputs else 0
+    return distances + num_fused_inputs * dim
 
 
 class TokenFusion(nn.Module):
     """Keeps the most attended patch tokens and fuses the others into a few importance-weighted cluster means.
 
     Output tokens: the prefix tokens ([CLS], registers) unchanged, then the kept patch tokens in
-    decreasing importance, then ``min(num_fused_tokens, inattentive)`` fused tokens. With
-    ``keep_rate = 1`` the tokens pass through untouched.
+    decreasing importance, then the fused tokens: ``min(num_fused_tokens, inattentive)`` (mode
+    ``both``), one (``importance``), or, with nothing kept, ``ceil(keep_rate * N) +
+    num_fused_tokens`` cluster means of all patch tokens (``diversity``). With ``keep_rate = 1``
+    the tokens pass through untouched in every mode.
 
     Args:
         keep_rate: fraction of the patch tokens kept, in (0, 1]; ``ceil(keep_rate * N)`` are kept.
-        num_fused_tokens: clusters the inattentive tokens are merged into (0: they are dropped).
+        num_fused_tokens: clusters the inattentive tokens are merged into (0: they are dropped);
+            not used by mode ``importance``, which fuses them into one token.
         knn: neighbours that define the clustering density.
+        mode: ``'both'``, ``'importance'`` or ``'diversity'`` (module docstring).
+        importance_score: ``'cls_query'`` or ``'head_mean'`` (module docstring); read by the block
+            that computes the attention.
     """
     last_record: Dict[str, torch.Tensor]  # typed for TorchScript, which cannot infer it from {}
+    last_objective: Dict[str, torch.Tensor]
 
-    def __init__(self, keep_rate: float = 0.7, num_fused_tokens: int = 2, knn: int = 5):
+    def __init__(
+            self, keep_rate: float = 0.7, num_fused_tokens: int = 2, knn: int = 5, mode: str = 'both',
+            importance_score: str = 'cls_query',
+    ):
         super().__init__()
         if not 0. < float(keep_rate) <= 1.:
             raise ValueError(f'keep_rate must be in (0, 1] (the fraction of patch tokens kept), got {keep_rate}')
         if int(num_fused_tokens) < 0 or int(knn) < 1:
             raise ValueError(f'num_fused_tokens must be >= 0 and knn >= 1, got {num_fused_tokens} and {knn}')
+        if mode not in FUSION_MODES:
+            raise ValueError(f'token fusion mode must be one of {FUSION_MODES}, got {mode!r}')
+        if importance_score not in IMPORTANCE_SCORES:
+            raise ValueError(f'importance score must be one of {IMPORTANCE_SCORES}, got {importance_score!r}')
         self.keep_rate = float(keep_rate)
         self.num_fused_tokens = int(num_fused_tokens)
         self.knn = int(knn)
+        self.mode = mode
+        self.importance_score = importance_score
         self.record = False
         self.last_record = {}
+        self.collect_objective = False  # set by TokenFusionObjective: keep the loss terms of training forwards
+        self.last_objective = {}
 
     def extra_repr(self) -> str:
-        return f'keep_rate={self.keep_rate}, num_fused_tokens={self.num_fused_tokens}, knn={self.knn}'
+        return (f'keep_rate={self.keep_rate}, num_fused_tokens={self.num_fused_tokens}, knn={self.knn}, '
+                f'mode={self.mode}, importance_score={self.importance_score}')
 
     def num_outputs(self, num_patches: int) -> int:
         """Patch tokens left after fusing ``num_patches``."""
-        kept = num_kept(self.keep_rate, num_patches)
-        return kept + min(self.num_fused_tokens, num_patches - kept)
+        kept, fused = _num_clusters(self.mode, num_patches, num_kept(self.keep_rate, num_patches), self.num_fused_tokens)
+        return kept + fused
 
     def forward(self, x: torch.Tensor, importance: torch.Tensor, num_prefix_tokens: int = 1) -> torch.Tensor:
         """Reduce tokens ``x`` (B, P + N, C) given the importance (B, N) of its N patch tokens."""
-        out, record = fuse_tokens(x, importance, num_prefix_tokens, self.keep_rate, self.num_fused_tokens, self.knn)
+        out, record = fuse_tokens(
+            x, importance, num_prefix_tokens, self.keep_rate, self.num_fused_tokens, self.knn, self.mode)
         if self.record:
             self.last_record = record
+        if self.collect_objective and self.training:
+            self.last_objective = fusion_objective_terms(x[:, num_prefix_tokens:], importance, record)
         return out
 
 
@@ -179,11 +241,24 @@ def _rank_descending(importance: torch.Tensor) -> torch.Tensor:
     return importance.sort(dim=1, descending=True, stable=True).indices
 
 
+def _num_clusters(mode: str, n: int, n_keep: int, num_fused_tokens: int) -> Tuple[int, int]:
+    """(kept, fused) patch tokens of one reduction of ``n`` tokens that keeps ``n_keep`` by importance."""
+    if n_keep >= n:
+        return n, 0
+    if mode == 'importance':
+        return n_keep, 1
+    if mode == 'diversity':
+        # everything is clustered into the token count of 'both'; as many clusters as tokens: no reduction
+        clusters = n_keep + num_fused_tokens
+        return (n, 0) if clusters >= n else (0, clusters)
+    return n_keep, min(num_fused_tokens, n - n_keep)
+
+
 @register_notrace_function  # data-dependent token counts: a leaf for FX
 @torch.jit.ignore  # and plain Python under TorchScript (sorting, clustering)
 def fuse_tokens(
         x: torch.Tensor, importance: torch.Tensor, num_prefix_tokens: int, keep_rate: float,
-        num_fused_tokens: int, knn: int,
+        num_fused_tokens: int, knn: int, mode: str = 'both',
 ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """``TokenFusion``'s reduction as a function: the reduced tokens and what was done (``TokenFusion.last_record``)."""
     P = num_prefix_tokens
@@ -191,14 +266,13 @@ def fuse_tokens(
     n = x.shape[1] - P
     if importance.shape != (B, n):
         raise ValueError(f'importance must be (B, patch tokens) = {(B, n)}, got {tuple(importance.shape)}')
-    n_keep = num_kept(keep_rate, n)
+    n_keep, num_clusters = _num_clusters(mode, n, num_kept(keep_rate, n), num_fused_tokens)
     if n_keep >= n:
         return x, {}
     prefix, patches = x[:, :P], x[:, P:]
     order = _rank_descending(importance)
     keep_index, fuse_index = order[:, :n_keep], order[:, n_keep:]
     parts = [prefix, _gather_tokens(patches, keep_index)]
-    num_clusters = min(num_fused_tokens, n - n_keep)
     assignment = torch.zeros_like(fuse_index)
     if num_clusters > 0:
         inattentive = _gather_tokens(patches, fuse_index)
@@ -209,6 +283,78 @@ def fuse_tokens(
         'importance': importance.detach(), 'num_clusters': torch.tensor(num_clusters),
     }
     return torch.cat(parts, dim=1), record
+
+
+@torch.jit.ignore
+def fusion_objective_terms(
+        patches: torch.Tensor, importance: torch.Tensor, record: Dict[str, torch.Tensor],
+) -> Dict[str, torch.Tensor]:
+    """The loss terms of one reduction (module docstring), each a scalar averaged over the batch.
+
+    ``imp``: the share of the patches' importance outside the kept tokens (when some are kept and
+    some fused). ``div``: within-cluster over total importance-weighted squared distance of the
+    fused tokens (when there are at least two clusters; with one, W = T and it is constant).
+
+    Args:
+        patches: the patch tokens (B, N, C) the reduction saw, with their gradient.
+        importance: their importance (B, N), with its gradient.
+        record: what the reduction did (``fuse_tokens``'s record; empty: no reduction, no terms).
+    """
+    terms: Dict[str, torch.Tensor] = {}
+    if not record:
+        return terms
+    keep_index, fuse_index, assignment = record['keep_index'], record['fuse_index'], record['assignment']
+    importance = importance.float()
+    if keep_index.shape[1] > 0 and fuse_index.shape[1] > 0:
+        kept_mass = importance.gather(1, keep_index).sum(dim=1)
+        terms['imp'] = (1. - kept_mass / importance.sum(dim=1).clamp_min(1e-30)).mean()
+    num_clusters = int(record['num_clusters'])
+    if num_clusters >= 2:
+        tokens = _gather_tokens(patches, fuse_index).float()
+        weights = importance.gather(1, fuse_index).detach()  # the merge's weights; the gradient goes to the tokens
+        means = weighted_cluster_means(tokens, weights, assignment, num_clusters)
+        within = (tokens - _gather_tokens(means, assignment)).pow(2).sum(dim=-1)
+        centre = (tokens * weights.unsqueeze(-1)).sum(dim=1, keepdim=True) / weights.sum(dim=1).clamp_min(1e-30)[:, None, None]
+        total = (tokens - centre).pow(2).sum(dim=-1)
+        terms['div'] = ((within * weights).sum(dim=1) / (total * weights).sum(dim=1).clamp_min(1e-30)).mean()
+    return terms
+
+
+class TokenFusionObjective:
+    """``alpha L_imp + beta L_div`` (module docstring) over every ``TokenFusion`` of ``model``, from its last forward.
+
+    Turns on the collection of the terms in those layers (training forwards only); call it after
+    each training forward. Each term is averaged over the reductions that have it.
+
+    Raises:
+        ValueError: ``model`` has no ``TokenFusion`` layer, or a negative weight.
+    """
+
+    def __init__(self, model: nn.Module, alpha: float, beta: float):
+        if alpha < 0 or beta < 0:
+            raise ValueError(f'the token fusion loss weights must be >= 0, got alpha={alpha}, beta={beta}')
+        self.fusions = [m for m in model.modules() if isinstance(m, TokenFusion)]
+        if not self.fusions:
+            raise ValueError(f'{type(model).__name__} has no TokenFusion layer: the token fusion objective needs one '
+                             '(a *_tokenfuse model, or timm_recursive.models.apply_token_fusion)')
+        self.alpha, self.beta = float(alpha), float(beta)
+        for fusion in self.fusions:
+            fusion.collect_objective = True
+
+    def __call__(self) -> Tuple[torch.Tensor, Dict[str, float]]:
+        """The weighted loss of the last training forward and its terms (``imp``, ``div``) as numbers."""
+        collected = [f.last_objective for f in self.fusions]
+        for fusion in self.fusions:
+            fusion.last_objective = {}
+        loss = torch.zeros(())
+        terms = {}
+        for name, weight in (('imp', self.alpha), ('div', self.beta)):
+            values = [c[name] for c in collected if name in c]
+            if values:
+                term = torch.stack(values).mean()
+                terms[name] = term.item()
+                loss = loss.to(term.device) + weight * term
+        return loss, terms
 
 
 def token_sources(records: List[Dict[str, torch.Tensor]], num_patches: int) -> List[Dict[str, torch.Tensor]]:

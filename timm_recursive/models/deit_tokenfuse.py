@@ -1,6 +1,6 @@
 """DeiTs that keep the tokens the [CLS] token attends to and fuse the others by clustering.
 
-Family 3 of DESIGN.md (seed 001, "beyond attentive tokens"). After the attention of a few blocks
+As a technical summary of token decoupling and fusion ("beyond attentive tokens") describes it: after the attention of a few blocks
 (4, 7 and 10 counting from 1, the EViT convention; ``reduction_blocks=(3, 6, 9)`` counting from 0
 as Python does), the patch tokens are ranked by the [CLS] attention row: the top
 ``ceil(keep_rate * N)`` are kept, the rest merged into ``num_fused_tokens`` tokens by density-peak
@@ -49,7 +49,7 @@ class TokenFusionBlock(Block):
     ) -> torch.Tensor:
         if attn_mask is not None or is_causal:
             raise ValueError('token fusion changes the token count: attention masks are not supported')
-        attn_out, cls_row = self.attn.forward_with_cls_row(self.norm1(x))
+        attn_out, cls_row = self.attn.forward_with_cls_row(self.norm1(x), self.fusion.importance_score)
         x = x + self.drop_path1(self.ls1(attn_out))
         x = self.fusion(x, cls_row[:, self.num_prefix_tokens:], self.num_prefix_tokens)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
@@ -61,6 +61,8 @@ def apply_token_fusion(
         reduction_blocks: Sequence[int] = (3, 6, 9),
         num_fused_tokens: int = 2,
         knn: int = 5,
+        mode: str = 'both',
+        importance_score: str = 'cls_query',
 ) -> VisionTransformer:
     """Make ``model`` (a timm ``VisionTransformer``) reduce its tokens after the attention of ``reduction_blocks``.
 
@@ -68,7 +70,8 @@ def apply_token_fusion(
     (blocks no longer listed become plain ``Block``s). ``reduction_blocks`` count from 0.
 
     Raises:
-        ValueError: ``keep_rate`` outside (0, 1], block indices out of range.
+        ValueError: ``keep_rate`` outside (0, 1], block indices out of range, an unknown ``mode`` or
+            ``importance_score`` (``timm_recursive.layers.TokenFusion``).
         TypeError: not a ``VisionTransformer`` with a [CLS] token, or a reduction block that is not
             timm's ``Block`` with timm's ``Attention``.
     """
@@ -80,7 +83,7 @@ def apply_token_fusion(
     reduction_blocks = sorted(set(int(i) for i in reduction_blocks))
     if any(not 0 <= i < depth for i in reduction_blocks):
         raise ValueError(f'reduction_blocks must be block indices in [0, {depth}) (counting from 0), got {reduction_blocks}')
-    TokenFusion(keep_rate, num_fused_tokens, knn)  # validates the arguments before anything changes
+    TokenFusion(keep_rate, num_fused_tokens, knn, mode, importance_score)  # validates the arguments before anything changes
     for i in reduction_blocks:
         block = model.blocks[i]
         if type(block) not in (Block, TokenFusionBlock) or type(block.attn) not in (Attention, ClsRowAttention):
@@ -92,7 +95,7 @@ def apply_token_fusion(
             # same parameters: swapping the classes keeps the modules and their state dict keys
             block.__class__ = TokenFusionBlock
             block.attn.__class__ = ClsRowAttention
-            block.fusion = TokenFusion(keep_rate, num_fused_tokens, knn)
+            block.fusion = TokenFusion(keep_rate, num_fused_tokens, knn, mode, importance_score)
             block.num_prefix_tokens = model.num_prefix_tokens
         elif isinstance(block, TokenFusionBlock):
             del block.fusion
@@ -132,6 +135,10 @@ class TokenFusionVisionTransformer(VisionTransformer):
         reduction_blocks: blocks (counting from 0) after whose attention tokens are reduced.
         num_fused_tokens: tokens the inattentive ones are merged into at each reduction.
         knn: neighbours that define the clustering density.
+        mode: ``'both'`` (importance and diversity), ``'importance'`` (EViT: the inattentive tokens
+            fused into one) or ``'diversity'`` (every patch token clustered).
+        importance_score: ``'cls_query'`` (``softmax(Q_cls K^T / sqrt(d))`` over the full width, as
+            the source writes it) or ``'head_mean'`` (the heads' [CLS] attention rows averaged).
         **kwargs: ``VisionTransformer`` arguments (``block_fn`` and ``attn_layer`` excepted).
     """
 
@@ -141,13 +148,15 @@ class TokenFusionVisionTransformer(VisionTransformer):
             reduction_blocks: Sequence[int] = (3, 6, 9),
             num_fused_tokens: int = 2,
             knn: int = 5,
+            mode: str = 'both',
+            importance_score: str = 'cls_query',
             **kwargs,
     ):
         for name in ('block_fn', 'attn_layer'):
             if name in kwargs:
                 raise TypeError(f'TokenFusionVisionTransformer sets {name} itself')
         super().__init__(**kwargs)
-        apply_token_fusion(self, keep_rate, reduction_blocks, num_fused_tokens, knn)
+        apply_token_fusion(self, keep_rate, reduction_blocks, num_fused_tokens, knn, mode, importance_score)
 
     def token_counts(self, num_patches: Optional[int] = None) -> List[int]:
         """Tokens (prefix included) that each block's MLP runs on, for ``num_patches`` patches (default: the model's)."""

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Token fusion ablation measured here: importance / diversity / both at keep 0.5-0.8, off the shelf and fine-tuned.
+
+    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/tokenfuse_ablation.py [--out runs/tokenfuse_ablation]
+
+A small ViT (``deit_t_tokenfuse`` architecture at width 64, 4 heads, depth 6, patch 4 on 28 px:
+49 patch tokens; reductions after blocks 2, 4, 5 counting from 1, EViT's 4/7/10 of 12 scaled to 6)
+is trained from scratch on FashionMNIST (the Debian package's IDX files) with
+``train_scripts/train.py``. Then, every step skipped when its result exists (rerun to continue):
+
+1. off the shelf: the dense weights with each mode x keep rate x importance score, top-1 on
+   test images 2000-2999 (the first 2000 chose the dense run's best epoch);
+2. ``num_fused_tokens`` of mode ``both`` swept at keep 0.5 and 0.7 (off the shelf);
+3. fine-tuned: ``train_scripts/train.py`` from the dense weights (``local-dir:``), one short epoch
+   per mode x keep rate with ``CE + alpha L_imp + beta L_div``, plus the dense model fine-tuned
+   alike (the reference) and ``both`` at keep 0.5 without the objective (``alpha = beta = 0``);
+4. cost: GMACs of one image (``timm_recursive.analysis.token_fusion_cost.count_gmacs``) and
+   inference images/s at batch 64, all models interleaved, median over repeats.
+
+Sized for a shared 2-core CPU (an evaluation of 1,000 images takes seconds to a minute there).
+
+Writes ``results.json`` (after every step) and ``table.md`` (the README's tables) to ``--out``.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+import torch
+
+import timm_recursive  # noqa: F401  registers the models
+from timm_recursive.analysis.timing import median_seconds
+from timm_recursive.analysis.token_fusion_cost import count_gmacs
+from timm_recursive.data import create_dataset_transform, resolve_dataset
+from timm_recursive.layers import FUSION_MODES, IMPORTANCE_SCORES
+from timm_recursive.training import (
+    StepOutputs, collate_classification, create_model_from_checkpoint, evaluate_steps, write_json_atomic)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEEP_RATES = (0.5, 0.6, 0.7, 0.8)
+ARCH = dict(img_size=28, patch_size=4, embed_dim=64, depth=6, num_heads=4, reduction_blocks=(1, 3, 4))
+MODEL_KWARGS = [f'{k}={v}'.replace(' ', '') for k, v in ARCH.items()] + [
+    "pretrained_cfg_overlay={'input_size':(1,28,28),'crop_pct':1.0}"]
+DATA = ['--dataset', 'fashion_mnist', '--in-chans', '1', '--batch-size', '128', '--weight-decay', '0.05',
+        '--label-smoothing', '0.1', '--scale', '0.75', '1', '--hflip', '0.5', '--resume', '--no-progress']
+DENSE = ['--model', 'deit_t_tokenfuse', '--model-kwargs', *MODEL_KWARGS, 'keep_rate=1.0', '--max-train-samples',
+         '20000', '--max-eval-samples', '2000', '--epochs', '8', '--lr', '2e-3', '--warmup-epochs', '1', *DATA]
+EVAL_RANGE = (2000, 3000)
+FUSED_TOKENS = (1, 2, 4, 8)
+DEFAULT_FUSED_TOKENS = 2  # TokenFusion's default
+SWEEP_KEEP_RATES = (0.5, 0.7)
+
+
+def train(args: List[str], output: str) -> None:
+    """``train_scripts/train.py`` in a child process (its own threads), unless ``output`` has finished."""
+    if os.path.isfile(os.path.join(output, 'summary.json')):
+        return
+    command = [sys.executable, os.path.join(ROOT, 'train_scripts', 'train.py'), *args, '--output', output]
+    print('+', ' '.join(command), flush=True)
+    subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1'))
+
+
+def test_batches(model, batch_size: int = 250) -> List[Dict[str, torch.Tensor]]:
+    """The evaluation images, transformed once for ``model`` (no augmentation), as loader batches."""
+    splits = resolve_dataset('fashion_mnist')
+    subset = splits.eval.select(range(*EVAL_RANGE)).with_transform(create_dataset_transform(model, splits, False))
+    samples = [subset[i] for i in range(len(subset))]
+    return [collate_classification(samples[i:i + batch_size]) for i in range(0, len(samples), batch_size)]
+
+
+def fused_model(run_dir: str, **fusion):
+    return create_model_from_checkpoint(run_dir, **ARCH, **fusion).eval()
+
+
+def top1(model, batches) -> float:
+    return evaluate_steps(StepOutputs(model), batches)['top1'][-1]
+
+
+def cell_name(mode: str, keep_rate: float, **extra) -> str:
+    return ' '.join([mode, f'keep={keep_rate}', *(f'{k}={v}' for k, v in extra.items())])
+
+
+def fused_tokens_cell(keep_rate: float, score: str, num_fused_tokens: int) -> str:
+    """The cell of mode ``both`` with ``num_fused_tokens`` (the default 2: the main cell)."""
+    extra = {} if num_fused_tokens == DEFAULT_FUSED_TOKENS else {'num_fused_tokens': num_fused_tokens}
+    return cell_name('both', keep_rate, importance_score=score, **extra)
+
+
+def finetune_args(dense_dir: str, fusion_kwargs: List[str], alpha: float, beta: float, samples: int) -> List[str]:
+    return ['--model', f'local-dir:{os.path.join(dense_dir, "model")}', '--pretrained', '--model-kwargs',
+            *MODEL_KWARGS, *fusion_kwargs, '--max-train-samples', str(samples),
+            '--max-eval-samples', '200', '--epochs', '1', '--lr', '2e-4', '--warmup-epochs', '0', '--fusion-imp-weight', str(alpha),
+            '--fusion-div-weight', str(beta), *DATA]
+
+
+def markdown(results: Dict) -> str:
+    dense, cells, ft = results.get('dense', {'top1': float('nan')}), results.get('cells', {}), results.get('finetuned', {})
+    cost = results.get('cost', {})
+    score = results.get('importance_score', 'cls_query')  # chosen once every off-the-shelf cell is measured
+
+    def speed(name):
+        c = cost.get(name)
+        return (f'{c["gmacs"] * 1e3:.2f} | {c["images_per_s"]:.0f} ({c["speedup"]:.2f}x)' if c else '- | -')
+
+    lines = [f'| mode | keep | MMACs | images/s (x dense) | top-1 off the shelf | top-1 fine-tuned |',
+             '|---|---|---|---|---|---|',
+             f'| dense | 1.0 | {speed("dense")} | {dense["top1"]:.2f} | {ft.get("dense", {}).get("top1", float("nan")):.2f} |']
+    for mode in FUSION_MODES:
+        for keep_rate in KEEP_RATES:
+            name = cell_name(mode, keep_rate)
+            off = cells.get(cell_name(mode, keep_rate, importance_score=score), {}).get('top1', float('nan'))
+            tuned = ft.get(name, {}).get('top1', float('nan'))
+            lines.append(f'| {mode} | {keep_rate} | {speed(name)} | {off:.2f} | {tuned:.2f} |')
+    lines += ['', '| off the shelf, top-1 | ' + ' | '.join(f'keep {k}' for k in KEEP_RATES) + ' |',
+              '|---|' + '---|' * len(KEEP_RATES)]
+    for mode in FUSION_MODES:
+        for s in IMPORTANCE_SCORES:
+            lines.append(f'| {mode}, {s} | ' + ' | '.join(
+                f'{cells.get(cell_name(mode, k, importance_score=s), {}).get("top1", float("nan")):.2f}'
+                for k in KEEP_RATES) + ' |')
+    lines += ['', '| both, off the shelf, top-1 | ' + ' | '.join(f'keep {k}' for k in SWEEP_KEEP_RATES) + ' |',
+              '|---|' + '---|' * len(SWEEP_KEEP_RATES)]
+    for m in FUSED_TOKENS:
+        lines.append(f'| num_fused_tokens={m} | ' + ' | '.join(
+            f'{cells.get(fused_tokens_cell(k, score, m), {}).get("top1", float("nan")):.2f}'
+            for k in SWEEP_KEEP_RATES) + ' |')
+    no_objective = [ft.get(cell_name('both', k, alpha=0, beta=0), {}).get('top1') for k in KEEP_RATES]
+    if any(v is not None for v in no_objective):
+        lines += ['', '| both, fine-tuned, top-1 | ' + ' | '.join(f'keep {k}' for k in KEEP_RATES) + ' |',
+                  '|---|' + '---|' * len(KEEP_RATES)]
+        lines.append('| CE only (alpha = beta = 0) | ' + ' | '.join(
+            f'{v:.2f}' if v is not None else '-' for v in no_objective) + ' |')
+    return '\n'.join(lines).replace('nan', '-') + '\n'
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--out', default=os.path.join(ROOT, 'runs', 'tokenfuse_ablation'))
+    p.add_argument('--finetune-samples', type=int, default=1000, help='training images of each fine-tune (1 epoch)')
+    p.add_argument('--alpha', type=float, default=0.1, help='weight of L_imp in the fine-tunes')
+    p.add_argument('--beta', type=float, default=0.1, help='weight of L_div in the fine-tunes')
+    p.add_argument('--repeats', type=int, default=3, help='timing repeats')
+    p.add_argument('--table-only', action='store_true', help='write table.md from results.json as it is, run nothing')
+    args = p.parse_args(argv)
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    results_path = os.path.join(out, 'results.json')
+    results = json.load(open(results_path)) if os.path.isfile(results_path) else {}
+    if args.table_only:
+        write_table(results, out)
+        return 0
+
+    def save():
+        write_json_atomic(results_path, results)
+
+    dense_dir = os.path.join(out, 'dense')
+    start = time.perf_counter()
+    train(DENSE, dense_dir)
+    with open(os.path.join(dense_dir, 'summary.json')) as f:
+        summary = json.load(f)
+    dense = fused_model(dense_dir, keep_rate=1.0)
+    batches = test_batches(dense)
+    if 'dense' not in results:
+        results['dense'] = {'top1': top1(dense, batches), 'train_images': summary['train_images'],
+                            'epochs': summary['epochs'], 'train_wall_time_s': summary['wall_time_s'],
+                            'command': summary['command'], 'eval_images': f'test[{EVAL_RANGE[0]}:{EVAL_RANGE[1]}]'}
+        save()
+    cells = results.setdefault('cells', {})
+
+    def measure(mode: str, keep_rate: float, **fusion):
+        name = cell_name(mode, keep_rate, **fusion)
+        if name not in cells:
+            cells[name] = {'top1': top1(fused_model(dense_dir, mode=mode, keep_rate=keep_rate, **fusion), batches)}
+            print(name, cells[name], flush=True)
+            save()
+
+    for mode in FUSION_MODES:
+        for keep_rate in KEEP_RATES:
+            for score in IMPORTANCE_SCORES:
+                measure(mode, keep_rate, importance_score=score)
+    # the score that measures better on average over every mode and keep rate is used from here on
+    mean = {s: sum(cells[cell_name(m, k, importance_score=s)]['top1'] for m in FUSION_MODES for k in KEEP_RATES)
+            for s in IMPORTANCE_SCORES}
+    score = results['importance_score'] = max(IMPORTANCE_SCORES, key=lambda s: (mean[s], s == 'cls_query'))
+    if 'cost' not in results:
+        models = {'dense': dense}
+        models.update({cell_name(mode, k): fused_model(dense_dir, mode=mode, keep_rate=k, importance_score=score)
+                       for mode in FUSION_MODES for k in KEEP_RATES})
+        images = batches[0]['pixel_values'][:64]
+
+        def infer(model):
+            def run():
+                with torch.inference_mode():
+                    model(images)
+            return run
+
+        seconds = median_seconds({name: infer(m) for name, m in models.items()}, args.repeats)
+        results['cost'] = {name: {**count_gmacs(m, images[:1]), 'images_per_s': len(images) / seconds[name],
+                                  'speedup': seconds['dense'] / seconds[name]} for name, m in models.items()}
+        results['cost_setup'] = {'batch': len(images), 'repeats': args.repeats, 'threads': torch.get_num_threads(),
+                                 'torch': torch.__version__}
+        save()
+    for keep_rate in SWEEP_KEEP_RATES:
+        for m in FUSED_TOKENS:
+            if m != DEFAULT_FUSED_TOKENS:
+                measure('both', keep_rate, importance_score=score, num_fused_tokens=m)
+    save()
+
+    finetuned = results.setdefault('finetuned', {})
+    runs = [('dense', ['keep_rate=1.0'], 0., 0.)]
+    fused_runs = [(cell_name(mode, k), [f'keep_rate={k}', f'mode={mode}', f'importance_score={score}'], args.alpha,
+                   args.beta) for k in KEEP_RATES for mode in FUSION_MODES]
+    no_objective = (cell_name('both', 0.5, alpha=0, beta=0), ['keep_rate=0.5', 'mode=both', f'importance_score={score}'],
+                    0., 0.)
+    # keep 0.5 and 0.7 and the objective's ablation first: the rest if time allows
+    runs += [r for r in fused_runs if ' keep=0.5' in r[0] or ' keep=0.7' in r[0]] + [no_objective]
+    runs += [r for r in fused_runs if r not in runs]
+    for name, fusion_kwargs, alpha, beta in runs:
+        if name in finetuned:
+            continue
+        run_dir = os.path.join(out, 'finetune', name.replace(' ', '_').replace('=', ''))
+        train(finetune_args(dense_dir, fusion_kwargs, alpha, beta, args.finetune_samples), run_dir)
+        fusion = dict(kv.split('=') for kv in fusion_kwargs)
+        model = fused_model(run_dir, keep_rate=float(fusion.pop('keep_rate')), **fusion)
+        finetuned[name] = {'top1': top1(model, batches), 'alpha': alpha, 'beta': beta,
+                           'train_images': args.finetune_samples, 'epochs': 1}
+        print('fine-tuned', name, finetuned[name], flush=True)
+        save()
+
+    results['this_session_s'] = time.perf_counter() - start
+    save()
+    write_table(results, out)
+    return 0
+
+
+def write_table(results: Dict, out: str) -> None:
+    table = markdown(results)
+    with open(os.path.join(out, 'table.md.tmp'), 'w') as f:
+        f.write(table)
+    os.replace(os.path.join(out, 'table.md.tmp'), os.path.join(out, 'table.md'))
+    print(table)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
