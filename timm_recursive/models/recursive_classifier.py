@@ -323,7 +323,7 @@ class RecursiveClassifier(nn.Module):
         if self.soft_y:
             return logits.softmax(dim=-1).to(self.class_embed.weight.dtype) @ self.class_embed.weight
         hard = self.class_embed(logits.argmax(dim=-1))
-        if not logits.requires_grad:  # inference: no gradient to carry, no soft mix to compute
+        if not with_grad or not torch.is_grad_enabled():  # no gradient to carry: no soft mix to compute
             return hard
         soft = logits.softmax(dim=-1).to(self.class_embed.weight.dtype) @ self.class_embed.weight
         return hard + (soft - soft.detach())
