@@ -414,9 +414,11 @@ def test_finetune_a_fused_model_from_dense_weights_with_the_objective(tmp_path):
     dense, fused = str(tmp_path / 'dense'), str(tmp_path / 'fused')
     assert train_script.main(['--model', 'deit_t_tokenfuse', *TINY_FUSED, 'keep_rate=1.0', *TINY_DATA,
                               '--output', dense]) == 0
-    # the dense export, reloaded as a fused model (local-dir:), fine-tuned with CE + L_imp + L_div
+    # the dense export, reloaded as a fused model (local-dir:), fine-tuned with CE + L_imp + L_div and timm's
+    # DeiT recipe pieces (Mixup/CutMix with label smoothing, layer-wise learning-rate decay)
     assert train_script.main(['--model', f'local-dir:{dense}/model', '--pretrained', *TINY_FUSED, 'keep_rate=0.5',
-                              '--fusion-imp-weight', '1', '--fusion-div-weight', '1', *TINY_DATA,
+                              '--fusion-imp-weight', '1', '--fusion-div-weight', '1', '--mixup', '0.8', '--cutmix',
+                              '1.0', '--label-smoothing', '0.1', '--layer-decay', '0.65', *TINY_DATA,
                               '--output', fused]) == 0
     record = [json.loads(line) for line in open(f'{fused}/metrics.jsonl')][-1]
     assert record['train_fusion_loss'] > 0
