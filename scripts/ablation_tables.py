@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         ('dsa_moe_steps4', '4 steps', 4, 6), ('dsa_moe_steps8', '8 steps', 8, 6),
         ('dsa_moe/seed0', '16 steps', 16, 6)], header.format('steps'), missing)
     out += ['', '### Gradient path and step weights (DSA-MoE, 16 steps, k=6, seed 0)', ''] + gradient_table(root, missing)
-    any_run = next((load_summary(root, n) for n in ('dsa_moe/seed0', 'sa_mlp/seed0') if load_summary(root, n)), None)
+    any_run = next(filter(None, (load_summary(root, n) for n in ('dsa_moe/seed0', 'sa_mlp/seed0'))), None)
     if any_run:
         out += ['', f'Training subset: {any_run["train_images"]} images, {any_run["epochs"]} epochs; evaluation: '
                     f'{any_run["eval_images"]} test images; hardware: {any_run["hardware"]}.',

@@ -289,3 +289,15 @@ def test_forward_intermediates_gives_the_encoder_stages_and_forward_features():
     assert len(model.forward_intermediates(x, indices=2, intermediates_only=True)) == 2
     with pytest.raises(ValueError, match='NCHW'):
         model.forward_intermediates(x, output_fmt='NHWC')
+
+
+def test_recursion_gradients_command(capsys):
+    from timm_recursive.analysis.recursion_gradients import main
+    assert main(['--model', 'recursive_dsa_moe_tiny', '--model-kwargs', 'num_steps=3', 'in_chans=1',
+                 '--dataset', 'digits', '--windows', '0', '1', '--batch-size', '8', '--markdown']) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| 0 ') or line.startswith('| 1 ')]
+    assert rows[0].startswith('| 0 | 2 of 2 |') and rows[1].startswith('| 1 | 0 of 2 |')
+    assert main(['--model', 'resnet18', '--dataset', 'digits', '--windows', '1']) == 2
+    assert 'grad_window' in capsys.readouterr().err
+    with pytest.raises(TypeError, match='recursive classifier'):
+        latent_gradients(torch.nn.Linear(2, 2), torch.randn(1, 2), torch.zeros(1, dtype=torch.long))

@@ -15,6 +15,7 @@ batch of the dataset's evaluation split.
 """
 import argparse
 import json
+import sys
 from typing import Dict, List
 
 import torch
@@ -26,6 +27,9 @@ __all__ = ['latent_gradients']
 
 def latent_gradients(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> Dict[str, List[float]]:
     """Gradient at every written latent and per-step gradient norms; see the module docstring."""
+    from timm_recursive.models import RecursiveClassifier
+    if not isinstance(model, RecursiveClassifier):
+        raise TypeError(f'latent gradients need a recursive classifier, got {type(model).__name__}')
     step_outputs: List[torch.Tensor] = []
 
     def keep_output(module, args, output):
@@ -52,8 +56,8 @@ def latent_gradients(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
 
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401 (registers the models)
-    from timm_recursive.data import create_dataset_transform, resolve_dataset
-    from timm_recursive.training import add_model_arguments, collate_classification, model_from_arguments
+    from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
+    from timm_recursive.training import CheckpointError, add_model_arguments, collate_classification, model_from_arguments
 
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
     add_model_arguments(p)
@@ -66,16 +70,22 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.model is None and args.checkpoint is None:
         p.error('give --model and/or --checkpoint')
-    splits = resolve_dataset(args.dataset)
     base_kwargs = dict(args.model_kwargs)
     results = {}
-    for window in args.windows:
-        torch.manual_seed(args.seed)
-        args.model_kwargs = dict(base_kwargs, grad_window=window)
-        model = model_from_arguments(args, splits.num_classes).train()
-        rows = splits.eval.select(range(args.batch_size))
-        batch = collate_classification(list(rows.with_transform(create_dataset_transform(model, splits, False))))
-        results[str(window)] = latent_gradients(model, batch['pixel_values'], batch['label'])
+    batch = None
+    try:
+        splits = resolve_dataset(args.dataset)
+        for window in args.windows:
+            torch.manual_seed(args.seed)
+            args.model_kwargs = dict(base_kwargs, grad_window=window)
+            model = model_from_arguments(args, splits.num_classes).train()
+            if batch is None:  # the same images for every window (the window changes no transform)
+                rows = splits.eval.select(range(min(args.batch_size, len(splits.eval))))
+                batch = collate_classification(list(rows.with_transform(create_dataset_transform(model, splits, False))))
+            results[str(window)] = latent_gradients(model, batch['pixel_values'], batch['label'])
+    except (DatasetError, CheckpointError, TypeError, ValueError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
     if args.markdown:
         print(markdown_table(results))
     else:
