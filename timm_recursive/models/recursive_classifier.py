@@ -31,8 +31,8 @@ wrote them: what the recursion carries forward is learned. The window bounds the
 paths between two steps: with the whole history (``grad_window >= num_steps - 1``) a latent reaches
 a step t steps later along about 2^t paths (every later latent reads it too), with a window of one
 along one (as in a recurrent network). ``grad_window=0`` detaches every latent: no loss then trains
-the latents at all (the output at the newest history slot gets exactly zero gradient), and the steps
-become one classifier run ``num_steps`` times. ``forward`` (a single loss on the last step, as timm's
+the latents at all (the output at the newest history slot gets exactly zero gradient): later steps
+read them as untrained features. ``forward`` (a single loss on the last step, as timm's
 training scripts use) backpropagates through the whole recursion.
 
 With ``num_classes=0`` there is no class prediction to feed back, so the hypothesis token stays at
