@@ -9,15 +9,19 @@ is trained from scratch on FashionMNIST (the Debian package's IDX files) with
 ``train_scripts/train.py``. Then, every step skipped when its result exists (rerun to continue):
 
 1. off the shelf: the dense weights with each mode x keep rate x importance score, top-1 on
-   test images 2000-2999 (the first 2000 chose the dense run's best epoch);
-2. ``num_fused_tokens`` of mode ``both`` swept at keep 0.5 and 0.7 (off the shelf);
+   test images 2000-4999 (the first 2000 chose the dense run's best epoch);
+2. ``num_fused_tokens`` of mode ``both`` at an equal token budget (off the shelf): at each keep
+   rate's budget (``ceil(keep * 49) + 2`` tokens after the first reduction, the default's count)
+   1, 2, 4 or 8 fused tokens take their share from the kept ones, so a choice is measured by
+   accuracy at the same cost, not bought with more tokens; MMACs of every cell are recorded;
 3. fine-tuned: ``train_scripts/train.py`` from the dense weights (``local-dir:``), one short epoch
    per mode x keep rate with ``CE + alpha L_imp + beta L_div``, plus the dense model fine-tuned
-   alike (the reference) and ``both`` at keep 0.5 without the objective (``alpha = beta = 0``);
+   alike (the reference) and ``both`` at keep 0.5 with the objective's weights swept
+   (``OBJECTIVE_WEIGHTS``, CE only included);
 4. cost: GMACs of one image (``timm_recursive.analysis.token_fusion_cost.count_gmacs``) and
    inference images/s at batch 64, all models interleaved, median over repeats.
 
-Sized for a shared 2-core CPU (an evaluation of 1,000 images takes seconds to a minute there).
+Sized for a shared 2-core CPU (an evaluation of 3,000 images takes half a minute there).
 
 Writes ``results.json`` (after every step) and ``table.md`` (the README's tables) to ``--out``.
 """
@@ -35,7 +39,7 @@ import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.timing import median_seconds
 from timm_recursive.analysis.token_fusion_cost import count_gmacs
 from timm_recursive.data import create_dataset_transform, resolve_dataset
-from timm_recursive.layers import FUSION_MODES, IMPORTANCE_SCORES
+from timm_recursive.layers import FUSION_MODES, IMPORTANCE_SCORES, num_kept
 from timm_recursive.training import (
     StepOutputs, collate_classification, create_model_from_checkpoint, evaluate_steps, write_json_atomic)
 
@@ -48,10 +52,11 @@ DATA = ['--dataset', 'fashion_mnist', '--in-chans', '1', '--batch-size', '128', 
         '--label-smoothing', '0.1', '--scale', '0.75', '1', '--hflip', '0.5', '--resume', '--no-progress']
 DENSE = ['--model', 'deit_t_tokenfuse', '--model-kwargs', *MODEL_KWARGS, 'keep_rate=1.0', '--max-train-samples',
          '20000', '--max-eval-samples', '2000', '--epochs', '8', '--lr', '2e-3', '--warmup-epochs', '1', *DATA]
-EVAL_RANGE = (2000, 3000)
+EVAL_RANGE = (2000, 5000)
+NUM_PATCHES = 49
 FUSED_TOKENS = (1, 2, 4, 8)
-DEFAULT_FUSED_TOKENS = 2  # TokenFusion's default
-SWEEP_KEEP_RATES = (0.5, 0.7)
+BUDGET_FUSED_TOKENS = 2  # the fused tokens the keep rates' budgets are counted with
+OBJECTIVE_WEIGHTS = ((0., 0.), (0.1, 0.1), (1., 0.), (0., 1.), (1., 1.))  # (alpha, beta) at keep 0.5
 
 
 def train(args: List[str], output: str) -> None:
@@ -83,10 +88,16 @@ def cell_name(mode: str, keep_rate: float, **extra) -> str:
     return ' '.join([mode, f'keep={keep_rate}', *(f'{k}={v}' for k, v in extra.items())])
 
 
-def fused_tokens_cell(keep_rate: float, score: str, num_fused_tokens: int) -> str:
-    """The cell of mode ``both`` with ``num_fused_tokens`` (the default 2: the main cell)."""
-    extra = {} if num_fused_tokens == DEFAULT_FUSED_TOKENS else {'num_fused_tokens': num_fused_tokens}
-    return cell_name('both', keep_rate, importance_score=score, **extra)
+def budget_keep_rate(keep_rate: float, num_fused_tokens: int) -> float:
+    """The keep rate at which ``num_fused_tokens`` fill the token budget of ``keep_rate`` (see step 2)."""
+    budget = num_kept(keep_rate, NUM_PATCHES) + BUDGET_FUSED_TOKENS
+    kept = budget - num_fused_tokens
+    return round((kept - 0.5) / NUM_PATCHES, 4)  # half a token below: ceil() lands on ``kept``
+
+
+def budget_cell(keep_rate: float, score: str, num_fused_tokens: int) -> str:
+    """The cell of mode ``both`` at ``keep_rate``'s token budget with ``num_fused_tokens``."""
+    return cell_name('both', keep_rate, budget=True, importance_score=score, num_fused_tokens=num_fused_tokens)
 
 
 def finetune_args(dense_dir: str, fusion_kwargs: List[str], alpha: float, beta: float, samples: int) -> List[str]:
@@ -121,18 +132,21 @@ def markdown(results: Dict) -> str:
             lines.append(f'| {mode}, {s} | ' + ' | '.join(
                 f'{cells.get(cell_name(mode, k, importance_score=s), {}).get("top1", float("nan")):.2f}'
                 for k in KEEP_RATES) + ' |')
-    lines += ['', '| both, off the shelf, top-1 | ' + ' | '.join(f'keep {k}' for k in SWEEP_KEEP_RATES) + ' |',
-              '|---|' + '---|' * len(SWEEP_KEEP_RATES)]
+    lines += ['', '| both, off the shelf, equal token budget: top-1 (MMACs) | ' + ' | '.join(
+        f'budget of keep {k} ({num_kept(k, NUM_PATCHES) + BUDGET_FUSED_TOKENS} tokens)' for k in KEEP_RATES) + ' |',
+              '|---|' + '---|' * len(KEEP_RATES)]
     for m in FUSED_TOKENS:
-        lines.append(f'| num_fused_tokens={m} | ' + ' | '.join(
-            f'{cells.get(fused_tokens_cell(k, score, m), {}).get("top1", float("nan")):.2f}'
-            for k in SWEEP_KEEP_RATES) + ' |')
-    no_objective = [ft.get(cell_name('both', k, alpha=0, beta=0), {}).get('top1') for k in KEEP_RATES]
-    if any(v is not None for v in no_objective):
-        lines += ['', '| both, fine-tuned, top-1 | ' + ' | '.join(f'keep {k}' for k in KEEP_RATES) + ' |',
-                  '|---|' + '---|' * len(KEEP_RATES)]
-        lines.append('| CE only (alpha = beta = 0) | ' + ' | '.join(
-            f'{v:.2f}' if v is not None else '-' for v in no_objective) + ' |')
+        row = []
+        for k in KEEP_RATES:
+            c = cells.get(budget_cell(k, score, m))
+            row.append(f'{c["top1"]:.2f} ({c["mmacs"]:.2f})' if c else '-')
+        lines.append(f'| num_fused_tokens={m} | ' + ' | '.join(row) + ' |')
+    objective = [(a, b, ft.get(cell_name('both', 0.5, alpha=a, beta=b)) or ft.get(cell_name('both', 0.5)))
+                 for a, b in OBJECTIVE_WEIGHTS]
+    lines += ['', '| both, keep 0.5, fine-tuned with | top-1 |', '|---|---|']
+    for a, b, cell in objective:
+        if cell is not None and (cell['alpha'], cell['beta']) == (a, b):
+            lines.append(f'| CE + {a:g} L_imp + {b:g} L_div | {cell["top1"]:.2f} |')
     return '\n'.join(lines).replace('nan', '-') + '\n'
 
 
@@ -203,20 +217,25 @@ def main(argv=None) -> int:
         results['cost_setup'] = {'batch': len(images), 'repeats': args.repeats, 'threads': torch.get_num_threads(),
                                  'torch': torch.__version__}
         save()
-    for keep_rate in SWEEP_KEEP_RATES:
+    for keep_rate in KEEP_RATES:
         for m in FUSED_TOKENS:
-            if m != DEFAULT_FUSED_TOKENS:
-                measure('both', keep_rate, importance_score=score, num_fused_tokens=m)
-    save()
+            name = budget_cell(keep_rate, score, m)
+            if name not in cells:
+                model = fused_model(dense_dir, mode='both', keep_rate=budget_keep_rate(keep_rate, m),
+                                    importance_score=score, num_fused_tokens=m)
+                cells[name] = {'top1': top1(model, batches), 'keep_rate': budget_keep_rate(keep_rate, m),
+                               'mmacs': count_gmacs(model, batches[0]['pixel_values'][:1])['gmacs'] * 1e3}
+                print(name, cells[name], flush=True)
+                save()
 
     finetuned = results.setdefault('finetuned', {})
     runs = [('dense', ['keep_rate=1.0'], 0., 0.)]
     fused_runs = [(cell_name(mode, k), [f'keep_rate={k}', f'mode={mode}', f'importance_score={score}'], args.alpha,
                    args.beta) for k in KEEP_RATES for mode in FUSION_MODES]
-    no_objective = (cell_name('both', 0.5, alpha=0, beta=0), ['keep_rate=0.5', 'mode=both', f'importance_score={score}'],
-                    0., 0.)
+    objective_runs = [(cell_name('both', 0.5, alpha=a, beta=b), ['keep_rate=0.5', 'mode=both', f'importance_score={score}'],
+                       a, b) for a, b in OBJECTIVE_WEIGHTS if (a, b) != (args.alpha, args.beta)]
     # keep 0.5 and 0.7 and the objective's ablation first: the rest if time allows
-    runs += [r for r in fused_runs if ' keep=0.5' in r[0] or ' keep=0.7' in r[0]] + [no_objective]
+    runs += [r for r in fused_runs if ' keep=0.5' in r[0] or ' keep=0.7' in r[0]] + objective_runs
     runs += [r for r in fused_runs if r not in runs]
     for name, fusion_kwargs, alpha, beta in runs:
         if name in finetuned:

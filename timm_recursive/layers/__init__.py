@@ -5,4 +5,4 @@ from .entmax_attention import EntmaxAttention, attention_probs, convert_to_entma
 from .attention_projections import ProjectedAttention
 from .token_fusion import (
     FUSION_MODES, IMPORTANCE_SCORES, ClsRowAttention, TokenFusion, TokenFusionObjective, clustering_macs,
-    density_peak_clusters, fusion_objective_terms, token_sources, weighted_cluster_means)
+    density_peak_clusters, fusion_objective_terms, num_kept, token_sources, weighted_cluster_means)
