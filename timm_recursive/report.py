@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from timm_recursive.analysis.recursion_trace import ROLES, RecursionTrace, RecursionTracer
+from timm_recursive.analysis.recursion_trace import ROLES, RecursionTrace, RecursionTracer, paired_gain
 
 __all__ = ['trace_dataset', 'write_report']
 
@@ -183,6 +183,12 @@ def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: boo
         lines += ['', f'Over all steps: {100 * sum(trace.corrections):.2f}% corrections, '
                       f'{100 * sum(trace.regressions):.2f}% regressions, {100 * sum(trace.wrong_to_wrong):.2f}% '
                       'wrong to other wrong (percent of images, summed over transitions).']
+    if trace.first_to_last and trace.num_steps > 1:
+        corrected, regressed = trace.first_to_last
+        gain, half_width = paired_gain(corrected, regressed, trace.num_images)
+        lines += ['', f'Step 1 to step {trace.num_steps}: {100 * gain:+.2f} points (95% CI {100 * (gain - half_width):+.2f} '
+                      f'to {100 * (gain + half_width):+.2f}, paired over the same images): {100 * corrected:.2f}% of the '
+                      f'images corrected, {100 * regressed:.2f}% regressed.']
     lines += ['', '![accuracy](accuracy_per_step.png) ![changes](prediction_changes.png)', '',
               '## Attention', '', f'Layers: {", ".join(trace.attention_type)}; DSA k = {trace.topk}.', '']
     last = trace.num_steps - 1

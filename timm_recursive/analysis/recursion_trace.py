@@ -10,7 +10,9 @@ Token roles: position 0 is the image summary, 1 the hypothesis, 2.. the history 
 
 * per step: accuracy (with labels), mean confidence (max probability), and for every step after the
   first the fraction of predictions that changed, split into corrections (wrong -> right),
-  regressions (right -> wrong) and wrong -> other wrong;
+  regressions (right -> wrong) and wrong -> other wrong; from the first step to the last, the fraction
+  of images corrected and regressed (``first_to_last``), whose difference is the gain of the
+  recursion and whose sum bounds its paired uncertainty (``paired_gain``);
 * per layer and step: ``role_attention[l][t][q][k]``, the attention mass a query of role q gives to
   the keys of role k (averaged over heads; every row sums to 1); ``attention_sparsity[l][t]``, the
   measured fraction of keys a query gives exactly zero attention, next to ``analytic_sparsity[t]``,
@@ -24,14 +26,15 @@ Token roles: position 0 is the image summary, 1 the hypothesis, 2.. the history 
 """
 import dataclasses
 import json
-from typing import Dict, List, Optional
+import math
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts, ProjectedAttention
 
-__all__ = ['ROLES', 'RecursionTrace', 'RecursionTracer', 'key_roles']
+__all__ = ['ROLES', 'RecursionTrace', 'RecursionTracer', 'key_roles', 'paired_gain']
 
 ROLES = ('summary', 'hypothesis', 'history')
 
@@ -39,6 +42,18 @@ ROLES = ('summary', 'hypothesis', 'history')
 def key_roles(seq_len: int, device=None) -> torch.Tensor:
     """Role index of every token position: 0 summary, 1 hypothesis, 2 history."""
     return torch.arange(seq_len, device=device).clamp(max=2)
+
+
+def paired_gain(corrected: float, regressed: float, num_images: int) -> Tuple[float, float]:
+    """Accuracy gain from one step to another and the half-width of its 95% confidence interval.
+
+    ``corrected`` / ``regressed``: fractions of the images wrong at the first step and right at the
+    second / right and then wrong. Both steps see the same images, so the uncertainty comes from the
+    images whose prediction changed only (the paired, McNemar-style normal approximation).
+    """
+    gain = corrected - regressed
+    variance = max(corrected + regressed - gain ** 2, 0.) / max(num_images, 1)
+    return gain, 1.96 * math.sqrt(variance)
 
 
 @dataclasses.dataclass
@@ -65,6 +80,7 @@ class RecursionTrace:
     router_prob: List[List[List[float]]]
     balance_loss: List[List[float]]
     roles: List[str] = dataclasses.field(default_factory=lambda: list(ROLES))
+    first_to_last: Optional[List[float]] = None  # [corrected, regressed] from step 1 to step T (with labels)
 
     def save(self, path: str) -> None:
         from timm_recursive.training import write_json_atomic
@@ -206,6 +222,8 @@ class RecursionTracer:
             self._pred.add(('regressions',), (right[:-1] & ~right[1:]).float().sum(1), B)
             other_wrong = ~right[:-1] & ~right[1:] & (pred[1:] != pred[:-1])
             self._pred.add(('wrong_to_wrong',), other_wrong.float().sum(1), B)
+            first_to_last = torch.stack([~right[0] & right[-1], right[0] & ~right[-1]])
+            self._pred.add(('first_to_last',), first_to_last.float().sum(1), B)
 
     # result ---------------------------------------------------------------------------------------
     def result(self) -> RecursionTrace:
@@ -241,4 +259,5 @@ class RecursionTracer:
             expert_load=[per_step(self._moe, l, 'load', []) if with_moe[l] else [] for l in range(layers)],
             router_prob=[per_step(self._moe, l, 'router', []) if with_moe[l] else [] for l in range(layers)],
             balance_loss=[per_step(self._moe, l, 'balance', None) if with_moe[l] else [] for l in range(layers)],
+            first_to_last=predictions('first_to_last'),
         )
