@@ -6,7 +6,10 @@
 Reads every finished run's ``summary.json`` under the root (last epoch: no selection on the test
 split) and prints markdown: the three variants over their seeds (mean and sample standard deviation
 of the final step, each seed's value, training images/s), per-step top-1 of the variants (mean over
-seeds), the attention budget k, the recursion depth, and the gradient path with the step weights. Missing runs are listed, not guessed.
+seeds), the attention budget k, the recursion depth, the gradient path with the step weights, and
+the design levers (one step, per-step capacity, soft hypothesis) with the gain from step 1 to the
+last and its paired 95% interval (runs that recorded ``eval_first_to_last``). Missing runs are
+listed, not guessed.
 """
 import json
 import os
@@ -14,6 +17,7 @@ import statistics
 import sys
 from typing import Dict, List, Optional
 
+from timm_recursive.analysis.recursion_trace import paired_gain
 from timm_recursive.layers.sparse_attention import sparse_attention_sparsity
 
 VARIANTS = (('sa_mlp', 'SA-MLP'), ('sa_moe', 'SA-MoE'), ('dsa_moe', 'DSA-MoE'))
@@ -103,6 +107,34 @@ def gradient_table(root: str, missing: List[str]) -> List[str]:
     return lines
 
 
+def gain_with_interval(summary: dict) -> str:
+    """Final-step minus step-1 top-1 (points), with its paired 95% interval when the run recorded one."""
+    final = summary['final']
+    per_step = final['eval_top1_per_step']
+    if 'eval_first_to_last' not in final:
+        return f'{per_step[-1] - per_step[0]:+.2f}'
+    corrected, regressed = (v / 100 for v in final['eval_first_to_last'])
+    gain, half_width = paired_gain(corrected, regressed, summary['eval_images'])
+    return f'{100 * gain:+.2f} ({100 * (gain - half_width):+.2f} to {100 * (gain + half_width):+.2f})'
+
+
+def lever_table(root: str, missing: List[str]) -> List[str]:
+    lines = ['| design | steps | final-step top-1 (%) | step-1 top-1 (%) | gain step 1 -> last, points (95% CI) |',
+             '| --- | --- | --- | --- | --- |']
+    for name, design in (('dsa_moe/seed0', 'reference: depth 2, hard hypothesis'),
+                         ('dsa_moe_steps1', 'one step (no recursion)'),
+                         ('dsa_moe_depth1', 'depth 1 (half the per-step capacity)'),
+                         ('dsa_moe_soft', 'soft hypothesis (`y_embed=soft`)')):
+        summary = load_summary(root, name)
+        if summary is None:
+            missing.append(name)
+            continue
+        per_step = summary['final']['eval_top1_per_step']
+        lines.append(f'| {design} | {len(per_step)} | {per_step[-1]:.2f} | {per_step[0]:.2f} | '
+                     f'{gain_with_interval(summary) if len(per_step) > 1 else "-"} |')
+    return lines
+
+
 def main(argv=None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     if len(args) != 1:
@@ -118,6 +150,7 @@ def main(argv=None) -> int:
         ('dsa_moe_steps4', '4 steps', 4, 6), ('dsa_moe_steps8', '8 steps', 8, 6),
         ('dsa_moe/seed0', '16 steps', 16, 6)], header.format('steps'), missing)
     out += ['', '### Gradient path and step weights (DSA-MoE, 16 steps, k=6, seed 0)', ''] + gradient_table(root, missing)
+    out += ['', '### Design levers (DSA-MoE, k=6, seed 0)', ''] + lever_table(root, missing)
     any_run = next(filter(None, (load_summary(root, n) for n in ('dsa_moe/seed0', 'sa_mlp/seed0'))), None)
     if any_run:
         out += ['', f'Training subset: {any_run["train_images"]} images, {any_run["epochs"]} epochs; evaluation: '

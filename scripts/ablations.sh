@@ -8,6 +8,8 @@
 #   depth     DSA-MoE with 4 and 8 recursion steps (seed 0) against 16
 #   gradient  DSA-MoE with the history detached (grad_window=0) and with linear step weights
 #             (each with the default grad_window=1 and with 0), against the default (seed 0)
+#   levers    DSA-MoE with one step (no recursion), with depth 1 (half the per-step capacity) and
+#             with a soft hypothesis (seed 0): what would let later steps add to the first
 # Every run resumes from its last saved epoch; finished runs are skipped. Tables for the README:
 #   python scripts/ablation_tables.py OUTPUT_ROOT
 # Usage: scripts/ablations.sh [OUTPUT_ROOT] [PARALLEL_RUNS] [extra train.py arguments]
@@ -63,4 +65,7 @@ mkdir -p "$out"
     echo "dsa_moe_linear dsa_moe 0 -- --step-weighting linear"
     echo "dsa_moe_window0_linear dsa_moe 0 grad_window=0 -- --step-weighting linear"
     for seed in 1 2; do for v in dsa_moe sa_mlp sa_moe; do echo "${v}/seed${seed} $v $seed"; done; done
+    echo "dsa_moe_steps1 dsa_moe 0 num_steps=1"
+    echo "dsa_moe_depth1 dsa_moe 0 depth=1"
+    echo "dsa_moe_soft dsa_moe 0 y_embed=soft"
 } | xargs -P "$jobs" -L 1 bash -c 'extra=($extra_args); subset=($subset_args); run "$@"' _

@@ -301,3 +301,43 @@ def test_recursion_gradients_command(capsys):
     assert 'grad_window' in capsys.readouterr().err
     with pytest.raises(TypeError, match='recursive classifier'):
         latent_gradients(torch.nn.Linear(2, 2), torch.randn(1, 2), torch.zeros(1, dtype=torch.long))
+
+
+def _digits_batches(model, split: str, count: int):
+    from timm_recursive.analysis.summary_probe import _batches
+    from timm_recursive.data import create_dataset_transform, resolve_dataset
+    splits = resolve_dataset('digits')
+    rows = getattr(splits, split)
+    return _batches(rows.select(range(min(count, len(rows)))), create_dataset_transform(model, splits, False), 100)
+
+
+def test_summary_probe_measures_the_summary_not_the_readout():
+    from timm_recursive.analysis.summary_probe import summaries_and_steps, summary_probe
+    torch.manual_seed(0)
+    model = timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=1, num_steps=3).eval()
+    train, test = _digits_batches(model, 'train', 600), _digits_batches(model, 'eval', 300)
+    found = summaries_and_steps(model, test[:1])
+    images = test[0]['pixel_values']
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(found['summary']), model._encode(images))
+        assert (found['prediction'] == model.forward_steps(images)[0].argmax(-1).numpy()).all()
+    result = summary_probe(model, train, test)
+    assert result['train_images'] == 600 and result['eval_images'] == 300 and len(result['step_top1']) == 3
+    # untrained readout, informative random conv features: the probes see what the steps cannot use
+    assert max(result['step_top1']) < 40 and result['linear_probe_top1'] > 70 and result['mlp_probe_top1'] > 70
+    with pytest.raises(TypeError, match='recursive classifier'):
+        summaries_and_steps(torch.nn.Linear(2, 2), test[:1])
+
+
+def test_summary_probe_command(tmp_path, capsys):
+    from timm_recursive.analysis.summary_probe import main
+    from timm_recursive.training import export_model
+    torch.manual_seed(0)
+    export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=2), str(tmp_path / 'm'))
+    assert main(['--checkpoint', str(tmp_path / 'm'), '--dataset', 'digits', '--train-samples', '300',
+                 '--eval-samples', '100', '--markdown']) == 0
+    assert capsys.readouterr().out.splitlines()[2].startswith(f'| {tmp_path / "m"} |')
+    assert main(['--model', 'resnet10t', '--pretrained', '--dataset', 'digits']) == 2  # no weights offline: named error
+    assert capsys.readouterr().err.startswith('error:')
+    with pytest.raises(SystemExit):
+        main(['--model', 'recursive_sa_mlp_tiny', '--dataset', 'digits'])  # random weights: nothing to probe

@@ -151,7 +151,9 @@ def evaluate_steps(model: nn.Module, loader, accelerator=None, progress: bool = 
 
     With an ``accelerator`` the per-sample results are gathered over processes (duplicates padded
     into the last batch dropped). Returns ``top1`` and ``top5`` (lists over steps), ``loss`` (final
-    step's cross-entropy), ``images`` and ``images_per_s``.
+    step's cross-entropy), ``first_to_last`` (percent of the images wrong at the first step and right
+    at the last, and right then wrong: the paired parts of the recursion's gain), ``images`` and
+    ``images_per_s``.
     """
     from tqdm.auto import tqdm
 
@@ -180,8 +182,12 @@ def evaluate_steps(model: nn.Module, loader, accelerator=None, progress: bool = 
     model.train(was_training)
     if images == 0:
         raise ValueError('evaluation loader yielded no images')
+    right = torch.cat(correct1)  # (images, steps)
+    first, last = right[:, 0], right[:, -1]
     return {
-        'top1': [round(100. * v, 4) for v in torch.cat(correct1).mean(0).tolist()],
+        'top1': [round(100. * v, 4) for v in right.mean(0).tolist()],
+        'first_to_last': [round(100. * ((1 - first) * last).mean().item(), 4),
+                          round(100. * (first * (1 - last)).mean().item(), 4)],
         'top5': [round(100. * v, 4) for v in torch.cat(correct5).mean(0).tolist()],
         'loss': torch.cat(losses).mean().item(),
         'images': images,

@@ -410,7 +410,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
                 'train_images_per_s': seen / train_time,
                 'eval_loss': result['loss'], 'eval_top1': result['top1'][-1], 'eval_top5': result['top5'][-1],
                 'eval_top1_per_step': result['top1'], 'eval_top5_per_step': result['top5'],
-                'eval_images_per_s': result['images_per_s'],
+                'eval_first_to_last': result['first_to_last'], 'eval_images_per_s': result['images_per_s'],
                 'selection_top1': selected['top1'][-1],
                 'wall_time_s': (history[-1]['wall_time_s'] if history else 0.) + time.perf_counter() - epoch_start,
             }

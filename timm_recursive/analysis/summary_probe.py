@@ -1,0 +1,125 @@
+"""What the pooled image summary already holds: probes on a recursive classifier's frozen summary.
+
+Every recursion step reads the same image summary ``x_feat`` (the conv encoder's globally pooled,
+projected features); the steps differ only in the hypothesis and the history they read with it. So
+whatever the steps compute is a function of ``x_feat``, and how much any amount of computation over
+it can reach is bounded by how well ``x_feat`` can be classified at all. ``summary_probe`` measures
+that bound with two probes fitted on the frozen summaries of the training images (no augmentation)
+and scored on the evaluation images, next to the model's own top-1 at every step on those images:
+
+* a linear probe (multinomial logistic regression), what a single linear readout can take;
+* an MLP probe (two hidden layers of 256, early stopping), what a deeper computation can take.
+
+An MLP probe no better than the linear one means the summary's information is linearly available:
+extra computation over it, more steps or deeper steps, has nothing to add that one linear readout
+lacks, and a recursion over it can only match its first step. A model below its linear probe at
+every step is underfit in its readout, not short of steps.
+
+``python -m timm_recursive.analysis.summary_probe --checkpoint RUN --dataset fashion_mnist --train-samples 6000 --eval-samples 5000 [--markdown]``
+prints the result (JSON, or a markdown table).
+"""
+import argparse
+import json
+import sys
+from typing import Dict, List
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ['summary_probe', 'summaries_and_steps']
+
+
+@torch.no_grad()
+def summaries_and_steps(model: nn.Module, batches) -> Dict[str, np.ndarray]:
+    """The summary token ``x_feat`` (N, d), the labels (N,) and every step's prediction (T, N) of ``model``."""
+    from timm_recursive.models import RecursiveClassifier
+    if not isinstance(model, RecursiveClassifier):
+        raise TypeError(f'summary probes need a recursive classifier, got {type(model).__name__}')
+    model.eval()
+    summaries, labels, predictions = [], [], []
+    for batch in batches:
+        images = batch['pixel_values']
+        summaries.append(model._encode(images))
+        predictions.append(model.forward_steps(images)[0].argmax(-1))
+        labels.append(batch['label'])
+    return {'summary': torch.cat(summaries).float().numpy(), 'label': torch.cat(labels).numpy(),
+            'prediction': torch.cat(predictions, dim=1).numpy()}
+
+
+def summary_probe(model: nn.Module, train_batches, eval_batches, seed: int = 0) -> Dict[str, object]:
+    """Linear and MLP probes on the frozen summaries against the model's per-step top-1 (percent)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+
+    train, test = summaries_and_steps(model, train_batches), summaries_and_steps(model, eval_batches)
+    probes = {
+        'linear': LogisticRegression(max_iter=2000),
+        'mlp': MLPClassifier((256, 256), max_iter=300, early_stopping=True, random_state=seed),
+    }
+    result: Dict[str, object] = {
+        'train_images': len(train['label']), 'eval_images': len(test['label']),
+        'step_top1': [round(100. * float(v), 2) for v in (test['prediction'] == test['label']).mean(1)],
+        'step_train_top1': [round(100. * float(v), 2) for v in (train['prediction'] == train['label']).mean(1)],
+    }
+    for name, probe in probes.items():
+        probe.fit(train['summary'], train['label'])
+        result[f'{name}_probe_top1'] = round(100. * probe.score(test['summary'], test['label']), 2)
+        result[f'{name}_probe_train_top1'] = round(100. * probe.score(train['summary'], train['label']), 2)
+    return result
+
+
+def markdown_table(rows: Dict[str, Dict[str, object]]) -> str:
+    """One row per model: its step-1 and last-step top-1 and the two probes, on the evaluation images."""
+    lines = ['| model | step-1 top-1 (%) | last-step top-1 (%) | linear probe on the summary (%) | '
+             'MLP probe on the summary (%) |', '| --- | --- | --- | --- | --- |']
+    for name, r in rows.items():
+        lines.append(f'| {name} | {r["step_top1"][0]:.2f} | {r["step_top1"][-1]:.2f} | '
+                     f'{r["linear_probe_top1"]:.2f} | {r["mlp_probe_top1"]:.2f} |')
+    return '\n'.join(lines)
+
+
+def _batches(rows, transform, batch_size: int = 500) -> List[Dict[str, torch.Tensor]]:
+    from timm_recursive.training import collate_classification
+    rows = rows.with_transform(transform)
+    return [collate_classification([rows[j] for j in range(i, min(i + batch_size, len(rows)))])
+            for i in range(0, len(rows), batch_size)]
+
+
+def main(argv=None) -> int:
+    import timm_recursive  # noqa: F401 (registers the models)
+    from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
+    from timm_recursive.training import CheckpointError, add_model_arguments, model_from_arguments
+
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
+    add_model_arguments(p)
+    p.add_argument('--dataset', default='fashion_mnist')
+    p.add_argument('--train-samples', type=int, default=6000, help='first training images the probes are fitted on')
+    p.add_argument('--eval-samples', type=int, default=5000, help='first evaluation images they are scored on')
+    p.add_argument('--seed', type=int, default=0, help="seed of the MLP probe's initialisation")
+    p.add_argument('--markdown', action='store_true', help='print a markdown table instead of JSON')
+    args = p.parse_args(argv)
+    if args.checkpoint is None and not args.pretrained:
+        p.error('probes need trained weights: give --checkpoint, or --model with --pretrained')
+    if args.train_samples < 1 or args.eval_samples < 1:
+        p.error('--train-samples and --eval-samples must be positive')
+    try:
+        splits = resolve_dataset(args.dataset)
+        model = model_from_arguments(args, splits.num_classes)
+        transform = create_dataset_transform(model, splits, False)
+        train = _batches(splits.train.select(range(min(args.train_samples, len(splits.train)))), transform)
+        test = _batches(splits.eval.select(range(min(args.eval_samples, len(splits.eval)))), transform)
+        result = summary_probe(model, train, test, seed=args.seed)
+    except (DatasetError, CheckpointError, TypeError, ValueError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    name = args.checkpoint or args.model
+    if args.markdown:
+        print(markdown_table({name: result}))
+    else:
+        print(json.dumps({'model': args.model, 'checkpoint': args.checkpoint, 'dataset': args.dataset, **result}, indent=1))
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())
