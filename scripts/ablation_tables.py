@@ -15,7 +15,7 @@ import json
 import os
 import statistics
 import sys
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from timm_recursive.analysis.recursion_trace import paired_gain
 from timm_recursive.layers.sparse_attention import sparse_attention_sparsity
@@ -76,35 +76,24 @@ def variant_tables(root: str, missing: List[str]) -> List[str]:
     return lines
 
 
+def run_rows(root: str, runs, format_row: Callable[..., str], missing: List[str]) -> List[str]:
+    """One table row per finished run: ``format_row(summary, *details)`` for each ``(name, *details)``."""
+    lines = []
+    for name, *details in runs:
+        summary = load_summary(root, name)
+        if summary is None:
+            missing.append(name)
+            continue
+        lines.append(format_row(summary, *details))
+    return lines
+
+
 def single_run_table(root: str, rows, header: str, missing: List[str]) -> List[str]:
-    lines = [header, '| --- | --- | --- | --- | --- |']
-    for name, label, num_steps, topk in rows:
-        summary = load_summary(root, name)
-        if summary is None:
-            missing.append(name)
-            continue
+    def row(summary, label, num_steps, topk):
         per_step = summary['final']['eval_top1_per_step']
-        lines.append(f'| {label} | {summary["final"]["eval_top1"]:.2f} | {per_step[0]:.2f} | '
-                     f'{100 * mean_sparsity(num_steps, topk):.1f} | {summary["final"]["train_images_per_s"]:.0f} |')
-    return lines
-
-
-def gradient_table(root: str, missing: List[str]) -> List[str]:
-    lines = ['| gradient path | step weights | final-step top-1 (%) | step-1 top-1 (%) | step-2 top-1 (%) | '
-             'best step (top-1 %) | gain step 1 -> 16 (points) |', '| --- | --- | --- | --- | --- | --- | --- |']
-    for name, window, weights in (('dsa_moe/seed0', '`grad_window=1` (default)', 'uniform (default)'),
-                                  ('dsa_moe_window0', '`grad_window=0` (detached)', 'uniform'),
-                                  ('dsa_moe_linear', '`grad_window=1`', 'linear'),
-                                  ('dsa_moe_window0_linear', '`grad_window=0`', 'linear')):
-        summary = load_summary(root, name)
-        if summary is None:
-            missing.append(name)
-            continue
-        per_step = summary['final']['eval_top1_per_step']
-        best = max(range(len(per_step)), key=per_step.__getitem__)
-        lines.append(f'| {window} | {weights} | {per_step[-1]:.2f} | {per_step[0]:.2f} | {per_step[1]:.2f} | '
-                     f'{best + 1} ({per_step[best]:.2f}) | {per_step[-1] - per_step[0]:+.2f} |')
-    return lines
+        return (f'| {label} | {summary["final"]["eval_top1"]:.2f} | {per_step[0]:.2f} | '
+                f'{100 * mean_sparsity(num_steps, topk):.1f} | {summary["final"]["train_images_per_s"]:.0f} |')
+    return [header, '| --- | --- | --- | --- | --- |'] + run_rows(root, rows, row, missing)
 
 
 def gain_with_interval(summary: dict) -> str:
@@ -118,21 +107,32 @@ def gain_with_interval(summary: dict) -> str:
     return f'{100 * gain:+.2f} ({100 * (gain - half_width):+.2f} to {100 * (gain + half_width):+.2f})'
 
 
-def lever_table(root: str, missing: List[str]) -> List[str]:
-    lines = ['| design | steps | final-step top-1 (%) | step-1 top-1 (%) | gain step 1 -> last, points (95% CI) |',
-             '| --- | --- | --- | --- | --- |']
-    for name, design in (('dsa_moe/seed0', 'reference: depth 2, hard hypothesis'),
-                         ('dsa_moe_steps1', 'one step (no recursion)'),
-                         ('dsa_moe_depth1', 'depth 1 (half the per-step capacity)'),
-                         ('dsa_moe_soft', 'soft hypothesis (`y_embed=soft`)')):
-        summary = load_summary(root, name)
-        if summary is None:
-            missing.append(name)
-            continue
+def gradient_table(root: str, missing: List[str]) -> List[str]:
+    def row(summary, window, weights):
         per_step = summary['final']['eval_top1_per_step']
-        lines.append(f'| {design} | {len(per_step)} | {per_step[-1]:.2f} | {per_step[0]:.2f} | '
-                     f'{gain_with_interval(summary) if len(per_step) > 1 else "-"} |')
-    return lines
+        best = max(range(len(per_step)), key=per_step.__getitem__)
+        return (f'| {window} | {weights} | {per_step[-1]:.2f} | {per_step[0]:.2f} | {per_step[1]:.2f} | '
+                f'{best + 1} ({per_step[best]:.2f}) | {gain_with_interval(summary)} |')
+    runs = (('dsa_moe/seed0', '`grad_window=1` (default)', 'uniform (default)'),
+            ('dsa_moe_window0', '`grad_window=0` (detached)', 'uniform'),
+            ('dsa_moe_linear', '`grad_window=1`', 'linear'),
+            ('dsa_moe_window0_linear', '`grad_window=0`', 'linear'))
+    return ['| gradient path | step weights | final-step top-1 (%) | step-1 top-1 (%) | step-2 top-1 (%) | '
+            'best step (top-1 %) | gain step 1 -> 16 (points) |',
+            '| --- | --- | --- | --- | --- | --- | --- |'] + run_rows(root, runs, row, missing)
+
+
+def lever_table(root: str, missing: List[str]) -> List[str]:
+    def row(summary, design):
+        per_step = summary['final']['eval_top1_per_step']
+        return (f'| {design} | {len(per_step)} | {per_step[-1]:.2f} | {per_step[0]:.2f} | '
+                f'{gain_with_interval(summary) if len(per_step) > 1 else "-"} |')
+    runs = (('dsa_moe/seed0', 'reference: depth 2, hard hypothesis'),
+            ('dsa_moe_steps1', 'one step (no recursion)'),
+            ('dsa_moe_depth1', 'depth 1 (half the per-step capacity)'),
+            ('dsa_moe_soft', 'soft hypothesis (`y_embed=soft`)'))
+    return ['| design | steps | final-step top-1 (%) | step-1 top-1 (%) | gain step 1 -> last, points (95% CI) |',
+            '| --- | --- | --- | --- | --- |'] + run_rows(root, runs, row, missing)
 
 
 def main(argv=None) -> int:
