@@ -4,13 +4,14 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import timm
 import timm_recursive  # noqa: F401
 from timm.models.vision_transformer import Block, VisionTransformer
 from timm_recursive.layers import (
-    ClsRowAttention, TokenFusion, TokenFusionObjective, density_peak_clusters, fusion_objective_terms, token_sources,
-    weighted_cluster_means)
+    FUSION_MODES, ClsRowAttention, TokenFusion, TokenFusionObjective, density_peak_clusters, fusion_objective_terms,
+    token_sources, weighted_cluster_means)
 from timm_recursive.models import TokenFusionVisionTransformer, apply_token_fusion, record_token_fusion
 
 SMALL = dict(img_size=96)  # a 6x6 patch grid keeps the tests fast
@@ -448,3 +449,13 @@ def test_imagenet_evaluation_command_runs_offline_on_an_imagefolder(tmp_path):
         'mode=both', '--dataset', str(tmp_path / 'imagenet'), '--split', 'validation', '--json', out]) == 0
     result = json.load(open(out))
     assert result['images'] == 4 and len(result['top1']) == 1
+
+
+@pytest.mark.parametrize('mode', FUSION_MODES)
+def test_every_parameter_gets_gradient_through_the_reductions(mode):
+    # blocks after a reduction run on kept and fused tokens only: every weight must still learn
+    torch.manual_seed(0)
+    model = timm.create_model('deit_t_tokenfuse', keep_rate=0.5, mode=mode, **SMALL).train()
+    F.cross_entropy(model(torch.randn(4, 3, 96, 96)), torch.randint(0, 1000, (4,))).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.count_nonzero(p.grad) > 0, name

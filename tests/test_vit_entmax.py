@@ -6,6 +6,7 @@ import pytest
 from PIL import Image
 import safetensors.torch
 import torch
+import torch.nn.functional as F
 
 import timm
 import timm_recursive  # noqa: F401
@@ -147,3 +148,12 @@ def test_cuda_runs_adasplash_kernel_when_installed(monkeypatch):
         unfused = attn(x)
     assert len(calls) == 1
     torch.testing.assert_close(fused, unfused)
+
+
+def test_every_parameter_gets_gradient():
+    # entmax gives exact zeros to many attention weights: the query/key projections must still learn
+    torch.manual_seed(0)
+    model = timm.create_model('vit_tiny_entmax', **SMALL).train()
+    F.cross_entropy(model(torch.randn(4, 3, 64, 64)), torch.randint(0, 1000, (4,))).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.count_nonzero(p.grad) > 0, name
