@@ -55,7 +55,7 @@ DENSE = ['--model', 'deit_t_tokenfuse', '--model-kwargs', *MODEL_KWARGS, 'keep_r
 EVAL_RANGE = (2000, 5000)
 NUM_PATCHES = 49
 FUSED_TOKENS = (1, 2, 4, 8)
-BUDGET_FUSED_TOKENS = 2  # the fused tokens the keep rates' budgets are counted with
+BUDGET_FUSED_TOKENS = 2  # fused tokens of every cell but the sweep's, and of the keep rates' token budgets
 OBJECTIVE_WEIGHTS = ((0., 0.), (0.1, 0.1), (1., 0.), (0., 1.), (1., 1.))  # (alpha, beta) at keep 0.5
 
 
@@ -77,7 +77,9 @@ def test_batches(model, batch_size: int = 250) -> List[Dict[str, torch.Tensor]]:
 
 
 def fused_model(run_dir: str, **fusion):
-    return create_model_from_checkpoint(run_dir, **ARCH, **fusion).eval()
+    """The weights in ``run_dir`` with ``fusion``'s settings; fused tokens as the budgets count them unless given."""
+    return create_model_from_checkpoint(
+        run_dir, **{**ARCH, 'num_fused_tokens': BUDGET_FUSED_TOKENS, **fusion}).eval()
 
 
 def top1(model, batches) -> float:
@@ -102,7 +104,7 @@ def budget_cell(keep_rate: float, score: str, num_fused_tokens: int) -> str:
 
 def finetune_args(dense_dir: str, fusion_kwargs: List[str], alpha: float, beta: float, samples: int) -> List[str]:
     return ['--model', f'local-dir:{os.path.join(dense_dir, "model")}', '--pretrained', '--model-kwargs',
-            *MODEL_KWARGS, *fusion_kwargs, '--max-train-samples', str(samples),
+            *MODEL_KWARGS, f'num_fused_tokens={BUDGET_FUSED_TOKENS}', *fusion_kwargs, '--max-train-samples', str(samples),
             '--max-eval-samples', '200', '--epochs', '1', '--lr', '2e-4', '--warmup-epochs', '0', '--fusion-imp-weight', str(alpha),
             '--fusion-div-weight', str(beta), *DATA]
 

@@ -64,7 +64,7 @@ def test_helper_patches_other_vits_without_changing_keys(name, kwargs):
         with torch.no_grad():
             model(x)
     n = model.patch_embed.num_patches
-    assert [f.last_record['keep_index'].shape[1] for f in fusions] == [math.ceil(n / 2), math.ceil((n // 2 + 2) / 2)]
+    assert [f.last_record['keep_index'].shape[1] for f in fusions] == [math.ceil(n / 2), math.ceil((math.ceil(n / 2) + 4) / 2)]  # 4 fused tokens by default
 
 
 def test_qk_norm_model_and_fused_row_matches_the_explicit_attention_map():
@@ -97,8 +97,8 @@ def test_token_counts_per_stage_are_as_configured():
         model(torch.randn(1, 3, 224, 224))
     for h in hooks:
         h.remove()
-    # 196 patches: keep ceil(0.7 * 196) = 138 + 2 fused = 140, then 98 + 2, then 70 + 2; plus [CLS]
-    assert seen == model.token_counts() == [197] * 3 + [141] * 3 + [101] * 3 + [73] * 3
+    # 196 patches: keep ceil(0.7 * 196) = 138 + 4 fused = 142, then 100 + 4, then 73 + 4; plus [CLS]
+    assert seen == model.token_counts() == [197] * 3 + [143] * 3 + [105] * 3 + [78] * 3
     model = timm.create_model('deit_t_tokenfuse', keep_rate=0.5, reduction_blocks=(0, 11), num_fused_tokens=4)
     assert model.token_counts() == [1 + 98 + 4] * 11 + [1 + 51 + 4]
 
@@ -154,10 +154,10 @@ def test_token_sources_track_every_patch_and_cluster_sizes():
     with record_token_fusion(model) as fusions, torch.no_grad():
         model(torch.randn(2, 3, 96, 96))
     stages = token_sources([f.last_record for f in fusions], 36)
-    for stage, count in zip(stages, [22 + 2, 15 + 2, 11 + 2]):
+    for stage, count in zip(stages, [22 + 4, 16 + 4, 12 + 4]):  # kept + the 4 fused tokens
         assert stage['sizes'].shape == (2, count) and (stage['sizes'] >= 1).all()
         assert (stage['sizes'].sum(-1) == 36).all() and (stage['token'] >= 0).all()
-        assert stage['fused'].sum(-1).tolist() == stage['sizes'][:, count - 2:].sum(-1).tolist()
+        assert stage['fused'].sum(-1).tolist() == stage['sizes'][:, count - 4:].sum(-1).tolist()
     assert (stages[0]['sizes'][:, :22] == 1).all()  # the kept tokens of the first reduction are single patches
     assert not fusions[0].record  # recording is off again outside the context
     dropping = timm.create_model('deit_t_tokenfuse', keep_rate=0.5, num_fused_tokens=0, **SMALL).eval()
@@ -249,9 +249,9 @@ def test_fusion_maps_command_writes_a_png_per_image(tmp_path):
     torch.manual_seed(0)
     model = timm.create_model('deit_t_tokenfuse', **SMALL).eval()
     stages = fusion_stages(model, torch.randn(2, 3, 96, 96))
-    assert [s['block'] for s in stages] == [3, 6, 9] and [s['num_kept'] for s in stages] == [26, 20, 16]
+    assert [s['block'] for s in stages] == [3, 6, 9] and [s['num_kept'] for s in stages] == [26, 21, 18]
     for s in stages:  # every patch is kept or in a cluster; clusters number the fused tokens
-        assert ((s['cluster'] >= 0) == s['fused']).all() and s['cluster'].max() == 1
+        assert ((s['cluster'] >= 0) == s['fused']).all() and s['cluster'].max() == 3
     assert main(['--model', 'deit_tiny_patch16_224', '--keep-rate', '0.5', '--out', str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ['token_fusion.json', 'token_fusion_0.png', 'token_fusion_1.png']
     with pytest.raises(TypeError, match='no token fusion block'):
@@ -260,8 +260,8 @@ def test_fusion_maps_command_writes_a_png_per_image(tmp_path):
 
 MODE_COUNTS = {  # 36 patches, keep 0.5, reductions after blocks 4, 7, 10 (counting from 1)
     'importance': [36, 18 + 1, 10 + 1, 6 + 1],  # the inattentive tokens fused into one (EViT)
-    'both': [36, 18 + 2, 10 + 2, 6 + 2],
-    'diversity': [36, 18 + 2, 10 + 2, 6 + 2],  # every token clustered into the count of 'both'
+    'both': [36, 18 + 4, 11 + 4, 8 + 4],  # the default 4 fused tokens
+    'diversity': [36, 18 + 4, 11 + 4, 8 + 4],  # every token clustered into the count of 'both'
 }
 
 

@@ -183,7 +183,7 @@ class TokenFusion(nn.Module):
     last_objective: Dict[str, torch.Tensor]
 
     def __init__(
-            self, keep_rate: float = 0.7, num_fused_tokens: int = 2, knn: int = 5, mode: str = 'both',
+            self, keep_rate: float = 0.7, num_fused_tokens: int = 4, knn: int = 5, mode: str = 'both',
             importance_score: str = 'cls_query',
     ):
         super().__init__()

@@ -59,7 +59,7 @@ def apply_token_fusion(
         model: VisionTransformer,
         keep_rate: float = 0.7,
         reduction_blocks: Sequence[int] = (3, 6, 9),
-        num_fused_tokens: int = 2,
+        num_fused_tokens: int = 4,
         knn: int = 5,
         mode: str = 'both',
         importance_score: str = 'cls_query',
@@ -133,7 +133,8 @@ class TokenFusionVisionTransformer(VisionTransformer):
     Args:
         keep_rate: fraction of the patch tokens kept at each reduction, in (0, 1] (1: the plain ViT).
         reduction_blocks: blocks (counting from 0) after whose attention tokens are reduced.
-        num_fused_tokens: tokens the inattentive ones are merged into at each reduction.
+        num_fused_tokens: tokens the inattentive ones are merged into at each reduction (4: chosen by
+            accuracy at an equal token budget, ``benchmarks/tokenfuse_ablation.py``).
         knn: neighbours that define the clustering density.
         mode: ``'both'`` (importance and diversity), ``'importance'`` (EViT: the inattentive tokens
             fused into one) or ``'diversity'`` (every patch token clustered).
@@ -146,7 +147,7 @@ class TokenFusionVisionTransformer(VisionTransformer):
             self,
             keep_rate: float = 0.7,
             reduction_blocks: Sequence[int] = (3, 6, 9),
-            num_fused_tokens: int = 2,
+            num_fused_tokens: int = 4,
             knn: int = 5,
             mode: str = 'both',
             importance_score: str = 'cls_query',
