@@ -521,5 +521,20 @@ def describe_hardware(accelerator) -> str:
     return f'{accelerator.num_processes} x {name}' if accelerator.num_processes > 1 else name
 
 
+def epoch_loader(accelerator, loader, shuffle_generator: torch.Generator, seed: int, epoch: int,
+                 resume_epoch: int, resume_step: int):
+    """``loader`` (prepared by ``accelerator``, shuffled by ``shuffle_generator``) for ``epoch``.
+
+    The shuffle order depends only on (seed, epoch), and in the epoch a resumed run stopped in the
+    first ``resume_step`` batches are skipped: with per-sample augmentation seeds (``SeededSamples``)
+    and per-step seeds (``step_seed``) a resumed run repeats an uninterrupted one exactly.
+    """
+    shuffle_generator.manual_seed(seed * 100003 + epoch)
+    if resume_step and epoch == resume_epoch:
+        loader = accelerator.skip_first_batches(loader, resume_step)
+    loader.set_epoch(epoch)  # reaches SeededSamples; the loader would otherwise count its own epochs
+    return loader
+
+
 def step_seed(seed: int, epoch: int, step: int) -> int:
     return (seed * 1_000_003 + epoch * 100_003 + step) % (2 ** 32)

@@ -40,7 +40,7 @@ import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.data import DatasetError, create_dataset_transform, hold_out, resolve_dataset
 from timm_recursive.layers import TokenFusionObjective
 from timm_recursive.training import (
-    StopRequest, describe_hardware, step_seed, stop_requested,
+    StopRequest, describe_hardware, epoch_loader, step_seed, stop_requested,
     STEP_WEIGHTINGS, CheckpointError, SeededSamples, StepOutputs, collate_classification, create_classifier, deep_supervision_loss, evaluate_steps, export_model,
     find_last_state, load_state_checked, save_numbered_state, start_run_files, state_to_resume, step_weights,
     write_json_atomic)
@@ -334,15 +334,9 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     label_names = splits.class_names if splits.class_names and len(splits.class_names) == num_classes else None
     with StopRequest() as stop:
         for epoch in range(start_epoch, args.epochs):
-            # The shuffle order depends only on (seed, epoch), a sample's augmentation on (seed, epoch,
-            # index) and a step's Mixup and dropout on (seed, epoch, step): a resumed run repeats an
-            # uninterrupted one exactly.
-            shuffle_generator.manual_seed(seed * 100003 + epoch)
+            # a step's Mixup and dropout are seeded by (seed, epoch, step), like the loader's order and samples
             net.train()
-            loader = train_loader
-            if start_step and epoch == start_epoch:
-                loader = accelerator.skip_first_batches(train_loader, start_step)
-            loader.set_epoch(epoch)  # reaches SeededSamples; the loader would otherwise count its own epochs
+            loader = epoch_loader(accelerator, train_loader, shuffle_generator, seed, epoch, start_epoch, start_step)
             num_updates = epoch * updates_per_epoch + start_step // args.grad_accum_steps
             epoch_start, seen, loss_sum, ce_sum, aux_sum, batches = time.perf_counter(), 0, 0., 0., 0., 0
             fusion_sum = 0.

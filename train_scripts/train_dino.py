@@ -43,7 +43,7 @@ from timm_recursive.dino import (
     CollapseDetector, DINOHead, DINOLoss, DINOModel, MultiCropTransform, cancel_last_layer_gradients,
     cosine_schedule, teacher_statistics, teacher_temperatures)
 from timm_recursive.training import (
-    StopRequest, describe_hardware, step_seed, stop_requested, CheckpointError, SeededSamples, create_classifier, export_model, find_last_state, load_state_checked,
+    StopRequest, describe_hardware, epoch_loader, step_seed, stop_requested, CheckpointError, SeededSamples, create_classifier, export_model, find_last_state, load_state_checked,
     save_numbered_state, start_run_files, state_to_resume, write_json_atomic)
 
 
@@ -230,17 +230,12 @@ def train(args, argv=None) -> dict:
                   'crop_pct': 1.0, 'mean': data_config['mean'], 'std': data_config['std'], 'num_classes': 0}
     with StopRequest() as stop:
         for epoch in range(start_epoch, args.epochs):
-            # shuffle order from (seed, epoch), crops from (seed, epoch, index), drop path from (seed, epoch,
-            # step): a resumed run repeats an uninterrupted one exactly
-            shuffle_generator.manual_seed(seed * 100003 + epoch)
+            # drop path is seeded by (seed, epoch, step), like the loader's order and crops
             student.train()
-            epoch_loader = loader
-            if start_step and epoch == start_epoch:
-                epoch_loader = accelerator.skip_first_batches(loader, start_step)
-            epoch_loader.set_epoch(epoch)
+            batches = epoch_loader(accelerator, loader, shuffle_generator, seed, epoch, start_epoch, start_step)
             step = start_step if epoch == start_epoch else 0
             epoch_start, seen, sums, grad_norms, collapses = time.perf_counter(), 0, {}, [], []
-            bar = tqdm(epoch_loader, desc=f'epoch {epoch + 1}/{args.epochs}', disable=not main or args.no_progress,
+            bar = tqdm(batches, desc=f'epoch {epoch + 1}/{args.epochs}', disable=not main or args.no_progress,
                        initial=step, total=iters, leave=False)
             stopping = False
             for batch in bar:
