@@ -36,7 +36,7 @@ from typing import Dict, List
 import torch
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import median_seconds
+from timm_recursive.analysis.timing import inference_speed
 from timm_recursive.analysis.token_fusion_cost import count_gmacs
 from timm_recursive.data import create_dataset_transform, resolve_dataset
 from timm_recursive.layers import FUSION_MODES, IMPORTANCE_SCORES, num_kept
@@ -206,16 +206,8 @@ def main(argv=None) -> int:
         models.update({cell_name(mode, k): fused_model(dense_dir, mode=mode, keep_rate=k, importance_score=score)
                        for mode in FUSION_MODES for k in KEEP_RATES})
         images = batches[0]['pixel_values'][:64]
-
-        def infer(model):
-            def run():
-                with torch.inference_mode():
-                    model(images)
-            return run
-
-        seconds = median_seconds({name: infer(m) for name, m in models.items()}, args.repeats)
-        results['cost'] = {name: {**count_gmacs(m, images[:1]), 'images_per_s': len(images) / seconds[name],
-                                  'speedup': seconds['dense'] / seconds[name]} for name, m in models.items()}
+        speed = inference_speed(models, images, 'dense', args.repeats)
+        results['cost'] = {name: {**count_gmacs(m, images[:1]), **speed[name]} for name, m in models.items()}
         results['cost_setup'] = {'batch': len(images), 'repeats': args.repeats, 'threads': torch.get_num_threads(),
                                  'torch': torch.__version__}
         save()
@@ -223,9 +215,10 @@ def main(argv=None) -> int:
         for m in FUSED_TOKENS:
             name = budget_cell(keep_rate, score, m)
             if name not in cells:
-                model = fused_model(dense_dir, mode='both', keep_rate=budget_keep_rate(keep_rate, m),
-                                    importance_score=score, num_fused_tokens=m)
-                cells[name] = {'top1': top1(model, batches), 'keep_rate': budget_keep_rate(keep_rate, m),
+                budget_rate = budget_keep_rate(keep_rate, m)
+                model = fused_model(dense_dir, mode='both', keep_rate=budget_rate, importance_score=score,
+                                    num_fused_tokens=m)
+                cells[name] = {'top1': top1(model, batches), 'keep_rate': budget_rate,
                                'mmacs': count_gmacs(model, batches[0]['pixel_values'][:1])['gmacs'] * 1e3}
                 print(name, cells[name], flush=True)
                 save()

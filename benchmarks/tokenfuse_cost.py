@@ -21,7 +21,7 @@ import torch
 
 import timm
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import median_seconds
+from timm_recursive.analysis.timing import inference_speed
 from timm_recursive.analysis.token_fusion_cost import count_gmacs
 
 BASELINE = 'deit_small_patch16_224'
@@ -47,18 +47,9 @@ def main():
                       'tokens_per_block': getattr(m, 'token_counts', lambda: [197] * len(m.blocks))()}
                for name, m in models.items()}
     for batch in args.batch_sizes:
-        images = torch.randn(batch, 3, 224, 224)
-
-        def infer(model):
-            def run():
-                with torch.inference_mode():
-                    model(images)
-            return run
-
-        medians = median_seconds({name: infer(m) for name, m in models.items()}, args.repeats)
-        for name, seconds in medians.items():
-            results[name][f'batch_{batch}'] = {
-                'images_per_s': batch / seconds, 'speedup': medians[BASELINE] / seconds}
+        speed = inference_speed(models, torch.randn(batch, 3, 224, 224), BASELINE, args.repeats)
+        for name, measured in speed.items():
+            results[name][f'batch_{batch}'] = measured
 
     report = {'repeats': args.repeats, 'threads': torch.get_num_threads(), 'torch': torch.__version__,
               'results': results}

@@ -95,3 +95,21 @@ def test_report_on_a_real_model_matches_meta_model():
     real = efficiency_report(timm.create_model('recursive_dsa_moe_tiny'))
     meta = efficiency_report(timm.create_model('recursive_dsa_moe_tiny', device='meta'))
     assert real == meta
+
+
+def test_inference_speed_runs_every_model_in_inference_mode_and_compares_to_the_baseline():
+    from timm_recursive.analysis.timing import inference_speed
+    calls = []
+
+    class Counting(torch.nn.Linear):
+        def forward(self, x):
+            calls.append((self.out_features, torch.is_inference_mode_enabled()))
+            return super().forward(x)
+
+    models = {'small': Counting(4, 2), 'large': Counting(4, 3)}
+    speed = inference_speed(models, torch.randn(8, 4), 'small', repeats=3)
+    assert set(speed) == {'small', 'large'} and speed['small']['speedup'] == 1.0
+    assert all(s['images_per_s'] > 0 for s in speed.values())
+    assert sorted(calls) == [(2, True)] * 4 + [(3, True)] * 4  # one warm-up and three timed calls each
+    with pytest.raises(ValueError, match='repeats'):
+        inference_speed(models, torch.randn(8, 4), 'small', repeats=0)

@@ -38,11 +38,14 @@ def summaries_and_steps(model: nn.Module, batches) -> Dict[str, np.ndarray]:
         raise TypeError(f'summary probes need a recursive classifier, got {type(model).__name__}')
     model.eval()
     summaries, labels, predictions = [], [], []
-    for batch in batches:
-        images = batch['pixel_values']
-        summaries.append(model._encode(images))
-        predictions.append(model.forward_steps(images)[0].argmax(-1))
-        labels.append(batch['label'])
+    # the summary as forward_steps computes it (its normalisation's output), without encoding twice
+    handle = model.summary_norm.register_forward_hook(lambda module, args, output: summaries.append(output))
+    try:
+        for batch in batches:
+            predictions.append(model.forward_steps(batch['pixel_values'])[0].argmax(-1))
+            labels.append(batch['label'])
+    finally:
+        handle.remove()
     return {'summary': torch.cat(summaries).float().numpy(), 'label': torch.cat(labels).numpy(),
             'prediction': torch.cat(predictions, dim=1).numpy()}
 

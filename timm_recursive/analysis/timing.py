@@ -7,7 +7,10 @@ import statistics
 import time
 from typing import Callable, Dict, List
 
-__all__ = ['time_interleaved', 'median_seconds']
+import torch
+from torch import nn
+
+__all__ = ['time_interleaved', 'median_seconds', 'inference_speed']
 
 
 def time_interleaved(cases: Dict[str, Callable[[], None]], repeats: int = 5, warmup: int = 1) -> Dict[str, List[float]]:
@@ -29,3 +32,17 @@ def time_interleaved(cases: Dict[str, Callable[[], None]], repeats: int = 5, war
 def median_seconds(cases: Dict[str, Callable[[], None]], repeats: int = 5, warmup: int = 1) -> Dict[str, float]:
     """Median seconds of every case over interleaved repeats (``time_interleaved``)."""
     return {name: statistics.median(ts) for name, ts in time_interleaved(cases, repeats, warmup).items()}
+
+
+def inference_speed(models: Dict[str, nn.Module], images: torch.Tensor, baseline: str,
+                    repeats: int = 5) -> Dict[str, Dict[str, float]]:
+    """Images/s of every model on ``images`` (inference mode, interleaved, median over ``repeats``) and
+    its speed-up over the model named ``baseline``."""
+    def infer(model):
+        def run():
+            with torch.inference_mode():
+                model(images)
+        return run
+
+    seconds = median_seconds({name: infer(m) for name, m in models.items()}, repeats)
+    return {name: {'images_per_s': len(images) / s, 'speedup': seconds[baseline] / s} for name, s in seconds.items()}
