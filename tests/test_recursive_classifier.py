@@ -1,4 +1,6 @@
 """The recursive classifier family: registration, recursion, options, errors."""
+import json
+
 import pytest
 import timm
 import torch
@@ -304,11 +306,10 @@ def test_recursion_gradients_command(capsys):
 
 
 def _digits_batches(model, split: str, count: int):
-    from timm_recursive.analysis.summary_probe import _batches
+    from timm_recursive.analysis.images import labelled_batches
     from timm_recursive.data import create_dataset_transform, resolve_dataset
     splits = resolve_dataset('digits')
-    rows = getattr(splits, split)
-    return _batches(rows.select(range(min(count, len(rows)))), create_dataset_transform(model, splits, False), 100)
+    return labelled_batches(getattr(splits, split), create_dataset_transform(model, splits, False), count, 100)
 
 
 def test_summary_probe_measures_the_summary_not_the_readout():
@@ -341,3 +342,98 @@ def test_summary_probe_command(tmp_path, capsys):
     assert capsys.readouterr().err.startswith('error:')
     with pytest.raises(SystemExit):
         main(['--model', 'recursive_sa_mlp_tiny', '--dataset', 'digits'])  # random weights: nothing to probe
+
+
+def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
+    from timm_recursive.analysis.recursion_interventions import (
+        INTERVENTIONS, _ROLE_SLOTS, _replacement, edited_step_logits)
+    torch.manual_seed(0)
+    model = _tiny(num_steps=2, in_chans=1)
+    images, labels = torch.randn(4, 1, 16, 16), torch.tensor([0, 1, 2, 3])
+    other, wrong = torch.roll(torch.arange(4), 1), (labels + 1) % 10
+    with torch.no_grad():
+        # step by step by hand: step 1 as the model runs it, then step 2 with another image's history
+        summary = model._encode(images).unsqueeze(1) + model.role_embed[0]
+        y0 = (model.y_init.expand(4, -1) + model.role_embed[1]).unsqueeze(1)
+        z0 = model.z_init.expand(4, -1, -1) + model.role_embed[2]
+        tokens1, _ = model._transform(torch.cat([summary, y0, z0], 1))
+        y1 = (model.class_embed(model.head(tokens1[:, 1]).argmax(-1)) + model.role_embed[1]).unsqueeze(1)
+        history = torch.cat([model.z_init.expand(4, -1, -1), tokens1[:, -1:]], 1) + model.role_embed[2]
+        tokens2, _ = model._transform(torch.cat([summary, y1, history[other]], 1))
+        expected = model.head(tokens2[:, 1])
+
+    def swap_history(step, tokens):
+        if step != 2:
+            return tokens
+        tokens = tokens.clone()
+        tokens[:, _ROLE_SLOTS['history']] = _replacement(model, 'history: other image', tokens, labels, wrong, other)
+        return tokens
+
+    torch.testing.assert_close(edited_step_logits(model, images, swap_history)[-1], expected)
+    # an edit that returns the tokens unchanged is the model itself; every named intervention is well formed
+    torch.testing.assert_close(edited_step_logits(model, images, lambda step, tokens: tokens),
+                               model.forward_steps(images)[0])
+    tokens = torch.randn(4, 4, TINY['embed_dim'])
+    for name, (role, _) in INTERVENTIONS.items():
+        assert _replacement(model, name, tokens, labels, wrong, other).shape == tokens[:, _ROLE_SLOTS[role]].shape
+
+
+def test_interventions_measure_which_inputs_a_step_follows():
+    from timm_recursive.analysis.recursion_interventions import recursion_interventions
+    torch.manual_seed(0)
+    model = timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=3, **dict(
+        TINY, depth=1, num_heads=2)).train()  # 32 x 32 inputs (the registered config)
+    optimizer = torch.optim.Adam(model.parameters(), 3e-3)
+    train = _digits_batches(model, 'train', 1000)
+    for _ in range(4):  # a few seconds of deep supervision: a model whose steps read their summary
+        for batch in train:
+            logits = model.forward_steps(batch['pixel_values'])[0]
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch['label'].repeat(3))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    batches = _digits_batches(model, 'eval', 300)
+    result = recursion_interventions(model, batches)
+    assert result['eval_images'] == 300 and len(result['step_top1']) == 3 and result['step_top1'][-1] > 45
+    found = result['interventions']
+    assert set(found) == {'hypothesis: true class', 'hypothesis: wrong class', 'hypothesis: initial',
+                          'history: other image', 'history: initial', 'summary: other image'}
+    assert found['hypothesis: true class']['step'] == 2 and found['summary: other image']['step'] == 3
+    # the oracle's class is the label: following it is being right
+    assert found['hypothesis: true class']['follows'] == found['hypothesis: true class']['top1_at_step']
+    assert found['hypothesis: initial']['follows'] is None
+    # the last step answers from its summary: another image's summary moves most answers to that image
+    swapped = found['summary: other image']
+    assert swapped['changed'] > 50 and swapped['top1_at_step'] < 25 and swapped['follows'] > 30
+    with pytest.raises(ValueError, match='at least 2 steps'):
+        recursion_interventions(_tiny(num_steps=1), batches)
+    with pytest.raises(TypeError, match='recursive classifier'):
+        recursion_interventions(torch.nn.Linear(2, 2), batches)
+
+
+def test_interventions_command(tmp_path, capsys):
+    from timm_recursive.analysis.recursion_interventions import main
+    from timm_recursive.training import export_model
+    torch.manual_seed(0)
+    export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=2), str(tmp_path / 'm'))
+    assert main(['--checkpoint', str(tmp_path / 'm'), '--dataset', 'digits', '--eval-samples', '101', '--markdown']) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert len(rows) == 9 and rows[2].startswith('| none (the model as trained) | 2 / 2 |')
+    export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=1), str(tmp_path / 'one'))
+    assert main(['--checkpoint', str(tmp_path / 'one'), '--dataset', 'digits', '--eval-samples', '10']) == 2
+    assert 'at least 2 steps' in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(['--model', 'recursive_sa_mlp_tiny', '--dataset', 'digits'])  # random weights: nothing to measure
+
+
+def test_interventions_compare_saved_outputs(tmp_path, capsys):
+    from timm_recursive.analysis.recursion_interventions import INTERVENTIONS, main
+    effect = {'step': 2, 'top1_at_step': 50.0, 'top1_last': 51.0, 'changed': 7.5, 'follows': 4.25}
+    saved = {'checkpoint': 'runs/a', 'step_top1': [60.0, 61.0, 62.0], 'interventions': dict.fromkeys(INTERVENTIONS, effect)}
+    (tmp_path / 'a.json').write_text(json.dumps(saved))
+    assert main(['--compare', str(tmp_path / 'a.json')]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == \
+        '| runs/a | 61.00 / 62.00 | 50.00 | 7.50 / 4.25 | 7.50 | 7.50 | 7.50 / 4.25 |'
+    (tmp_path / 'b.json').write_text('{"model": "x"}')
+    assert main(['--compare', str(tmp_path / 'b.json')]) == 2
+    assert 'not a saved JSON output' in capsys.readouterr().err

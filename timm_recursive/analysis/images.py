@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ['load_images', 'dataset_images', 'denormalise']
+__all__ = ['load_images', 'dataset_images', 'denormalise', 'labelled_batches']
 
 
 def load_images(paths: Sequence[str], config: Dict) -> torch.Tensor:
@@ -46,3 +46,12 @@ def denormalise(images: torch.Tensor, config: Dict) -> np.ndarray:
     mean = torch.tensor(config['mean']).view(1, -1, 1, 1)
     std = torch.tensor(config['std']).view(1, -1, 1, 1)
     return (images * std + mean).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+
+
+def labelled_batches(rows, transform, count: int, batch_size: int = 500) -> List[Dict[str, torch.Tensor]]:
+    """The first ``count`` rows of a split (a ``datasets.Dataset``) through ``transform``, as collated
+    ``{'pixel_values', 'label'}`` batches in order (no shuffling, no augmentation)."""
+    from timm_recursive.training import collate_classification
+    rows = rows.select(range(min(count, len(rows)))).with_transform(transform)
+    return [collate_classification([rows[j] for j in range(i, min(i + batch_size, len(rows)))])
+            for i in range(0, len(rows), batch_size)]

@@ -21,7 +21,7 @@ prints the result (JSON, or a markdown table).
 import argparse
 import json
 import sys
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 import torch
@@ -82,15 +82,9 @@ def markdown_table(rows: Dict[str, Dict[str, object]]) -> str:
     return '\n'.join(lines)
 
 
-def _batches(rows, transform, batch_size: int = 500) -> List[Dict[str, torch.Tensor]]:
-    from timm_recursive.training import collate_classification
-    rows = rows.with_transform(transform)
-    return [collate_classification([rows[j] for j in range(i, min(i + batch_size, len(rows)))])
-            for i in range(0, len(rows), batch_size)]
-
-
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401 (registers the models)
+    from timm_recursive.analysis.images import labelled_batches
     from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
     from timm_recursive.training import CheckpointError, add_model_arguments, model_from_arguments
 
@@ -110,8 +104,8 @@ def main(argv=None) -> int:
         splits = resolve_dataset(args.dataset)
         model = model_from_arguments(args, splits.num_classes)
         transform = create_dataset_transform(model, splits, False)
-        train = _batches(splits.train.select(range(min(args.train_samples, len(splits.train)))), transform)
-        test = _batches(splits.eval.select(range(min(args.eval_samples, len(splits.eval)))), transform)
+        train = labelled_batches(splits.train, transform, args.train_samples)
+        test = labelled_batches(splits.eval, transform, args.eval_samples)
         result = summary_probe(model, train, test, seed=args.seed)
     except (DatasetError, CheckpointError, TypeError, ValueError) as e:
         print(f'error: {e}', file=sys.stderr)
