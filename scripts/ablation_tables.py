@@ -8,8 +8,8 @@ split) and prints markdown: the three variants over their seeds (mean and sample
 of the final step, each seed's value, training images/s), per-step top-1 of the variants (mean over
 seeds), the attention budget k, the recursion depth, the gradient path with the step weights, and
 the design levers (one step, per-step capacity, soft hypothesis) with the gain from step 1 to the
-last and its paired 95% interval (runs that recorded ``eval_first_to_last``). Missing runs are
-listed, not guessed.
+last and its paired 95% interval (runs that recorded ``eval_first_to_last``), and depth and k with
+the loss on the final step only next to deep supervision. Missing runs are listed, not guessed.
 """
 import json
 import os
@@ -135,6 +135,22 @@ def lever_table(root: str, missing: List[str]) -> List[str]:
             '| --- | --- | --- | --- | --- |'] + run_rows(root, runs, row, missing)
 
 
+def objective_table(root: str, missing: List[str]) -> List[str]:
+    def row(summary, deep_supervised, num_steps, topk):
+        other = load_summary(root, deep_supervised)
+        if other is None:
+            missing.append(deep_supervised)
+        per_step = summary['final']['eval_top1_per_step']
+        return (f'| {num_steps} | {topk} | {per_step[-1]:.2f} | '
+                f'{"-" if other is None else format(other["final"]["eval_top1"], ".2f")} | {per_step[0]:.2f} |')
+    runs = (('dsa_moe_steps1', 'dsa_moe_steps1', 1, 6), ('dsa_moe_last_steps4', 'dsa_moe_steps4', 4, 6),
+            ('dsa_moe_last_steps8', 'dsa_moe_steps8', 8, 6), ('dsa_moe_last', 'dsa_moe/seed0', 16, 6),
+            ('dsa_moe_last_k2', 'dsa_moe_k2', 16, 2))
+    return ['| steps | k | final-step top-1, trained on the final step (%) | final-step top-1, deep supervision (%) | '
+            'step-1 top-1, trained on the final step (%) |',
+            '| --- | --- | --- | --- | --- |'] + run_rows(root, runs, row, missing)
+
+
 def main(argv=None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     if len(args) != 1:
@@ -151,6 +167,7 @@ def main(argv=None) -> int:
         ('dsa_moe/seed0', '16 steps', 16, 6)], header.format('steps'), missing)
     out += ['', '### Gradient path and step weights (DSA-MoE, 16 steps, k=6, seed 0)', ''] + gradient_table(root, missing)
     out += ['', '### Design levers (DSA-MoE, k=6, seed 0)', ''] + lever_table(root, missing)
+    out += ['', '### Training objective: the final step only (DSA-MoE, seed 0)', ''] + objective_table(root, missing)
     any_run = next(filter(None, (load_summary(root, n) for n in ('dsa_moe/seed0', 'sa_mlp/seed0'))), None)
     if any_run:
         out += ['', f'Training subset: {any_run["train_images"]} images, {any_run["epochs"]} epochs; evaluation: '

@@ -10,13 +10,18 @@
 #             (each with the default grad_window=1 and with 0), against the default (seed 0)
 #   levers    DSA-MoE with one step (no recursion), with depth 1 (half the per-step capacity) and
 #             with a soft hypothesis (seed 0): what would let later steps add to the first
+#   objective DSA-MoE trained on the final step only (--step-weighting last, gradient through the
+#             whole recursion, as timm's training of `forward` does) at 4 / 8 / 16 steps and with k=2
+#             (seed 0): the source does not say it uses deep supervision, and its depth and k findings
+#             compare final accuracies
 # Every run resumes from its last saved epoch; finished runs are skipped. Tables for the README:
 #   python scripts/ablation_tables.py OUTPUT_ROOT
 # Usage: scripts/ablations.sh [OUTPUT_ROOT] [PARALLEL_RUNS] [extra train.py arguments]
 # Other scales through the environment: ABLATION_DATASET (fashion_mnist | mnist | cifar10 | cifar100,
 # the Hub datasets or, for the MNISTs, IDX files), ABLATION_SIZE (tiny | cifar: d=512, depth 4),
 # ABLATION_EPOCHS (4), ABLATION_TRAIN_SAMPLES (6000; 0 = all), ABLATION_EVAL_SAMPLES (5000; 0 = all),
-# ABLATION_THREADS (1 per run). With a GPU and the network, the source's scale on CIFAR-10:
+# ABLATION_THREADS (1 per run), ABLATION_ONLY (space-separated run names, e.g. "dsa_moe/seed0
+# dsa_moe_k2": only these). With a GPU and the network, the source's scale on CIFAR-10:
 #   ABLATION_DATASET=cifar10 ABLATION_SIZE=cifar ABLATION_EPOCHS=100 ABLATION_TRAIN_SAMPLES=0 \
 #   ABLATION_EVAL_SAMPLES=0 scripts/ablations.sh runs/ablations_cifar10 1 --mixed-precision bf16 --workers 8
 set -euo pipefail
@@ -68,4 +73,9 @@ mkdir -p "$out"
     echo "dsa_moe_steps1 dsa_moe 0 num_steps=1"
     echo "dsa_moe_depth1 dsa_moe 0 depth=1"
     echo "dsa_moe_soft dsa_moe 0 y_embed=soft"
-} | xargs -P "$jobs" -L 1 bash -c 'extra=($extra_args); subset=($subset_args); run "$@"' _
+    echo "dsa_moe_last dsa_moe 0 grad_window=15 -- --step-weighting last"
+    echo "dsa_moe_last_steps4 dsa_moe 0 num_steps=4 grad_window=3 -- --step-weighting last"
+    echo "dsa_moe_last_steps8 dsa_moe 0 num_steps=8 grad_window=7 -- --step-weighting last"
+    echo "dsa_moe_last_k2 dsa_moe 0 topk=2 grad_window=15 -- --step-weighting last"
+} | if [ -n "${ABLATION_ONLY:-}" ]; then grep -E "^($(tr ' ' '|' <<< "$ABLATION_ONLY")) " || true; else cat; fi \
+  | xargs -P "$jobs" -L 1 bash -c 'extra=($extra_args); subset=($subset_args); run "$@"' _

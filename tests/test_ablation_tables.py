@@ -40,3 +40,16 @@ def test_tables_come_from_the_summaries_and_name_missing_runs(tmp_path, capsys):
 def test_mean_sparsity_matches_the_source():
     assert ablation_tables.mean_sparsity(16, 6) == pytest.approx(0.358, abs=5e-4)
     assert ablation_tables.mean_sparsity(16, 2) == pytest.approx(0.751, abs=5e-4)
+
+
+def test_objective_table_sets_the_final_step_loss_beside_deep_supervision(tmp_path, capsys):
+    root = str(tmp_path)
+    _write_run(root, 'dsa_moe/seed0', 0, [78.0] * 16)
+    _write_run(root, 'dsa_moe_last', 0, [10.0] * 15 + [79.5])
+    _write_run(root, 'dsa_moe_last_k2', 0, [12.0] * 15 + [77.0])  # its deep-supervised run is missing
+    assert ablation_tables.main([root]) == 0
+    out = capsys.readouterr().out
+    assert '| 16 | 6 | 79.50 | 78.00 | 10.00 |' in out
+    assert '| 16 | 2 | 77.00 | - | 12.00 |' in out
+    missing = out.split('Not finished: ')[1]
+    assert 'dsa_moe_k2' in missing and 'dsa_moe_last_steps4' in missing
