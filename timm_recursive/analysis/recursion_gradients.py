@@ -14,8 +14,6 @@ prints both for each window as JSON (random weights, or a trained run with ``--c
 batch of the dataset's evaluation split.
 """
 import argparse
-import json
-import sys
 from typing import Dict, List
 
 import torch
@@ -56,8 +54,10 @@ def latent_gradients(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
 
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401 (registers the models)
-    from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
-    from timm_recursive.training import CheckpointError, add_model_arguments, collate_classification, model_from_arguments
+    from timm_recursive.analysis.command import print_measurement
+    from timm_recursive.analysis.images import labelled_batches
+    from timm_recursive.data import create_dataset_transform, resolve_dataset
+    from timm_recursive.training import add_model_arguments, model_from_arguments
 
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
     add_model_arguments(p)
@@ -71,27 +71,22 @@ def main(argv=None) -> int:
     if args.model is None and args.checkpoint is None:
         p.error('give --model and/or --checkpoint')
     base_kwargs = dict(args.model_kwargs)
-    results = {}
-    batch = None
-    try:
+
+    def measure():
+        results = {}
         splits = resolve_dataset(args.dataset)
+        batch = None
         for window in args.windows:
             torch.manual_seed(args.seed)
             args.model_kwargs = dict(base_kwargs, grad_window=window)
             model = model_from_arguments(args, splits.num_classes).train()
             if batch is None:  # the same images for every window (the window changes no transform)
-                rows = splits.eval.select(range(min(args.batch_size, len(splits.eval))))
-                batch = collate_classification(list(rows.with_transform(create_dataset_transform(model, splits, False))))
+                batch = labelled_batches(splits.eval, create_dataset_transform(model, splits, False), args.batch_size,
+                                         batch_size=args.batch_size)[0]
             results[str(window)] = latent_gradients(model, batch['pixel_values'], batch['label'])
-    except (DatasetError, CheckpointError, TypeError, ValueError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    if args.markdown:
-        print(markdown_table(results))
-    else:
-        print(json.dumps({'model': args.model, 'checkpoint': args.checkpoint, 'dataset': args.dataset,
-                          'model_kwargs': base_kwargs, 'windows': results}, indent=1))
-    return 0
+        return {'windows': results}
+
+    return print_measurement(args, measure, lambda result: markdown_table(result['windows']), model_kwargs=base_kwargs)
 
 
 def markdown_table(results: Dict[str, Dict[str, List[float]]]) -> str:

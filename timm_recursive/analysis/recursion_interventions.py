@@ -196,9 +196,10 @@ def _compare(paths: List[str]) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     import timm_recursive  # noqa: F401 (registers the models)
+    from timm_recursive.analysis.command import print_measurement
     from timm_recursive.analysis.images import labelled_batches
-    from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
-    from timm_recursive.training import CheckpointError, add_model_arguments, model_from_arguments
+    from timm_recursive.data import create_dataset_transform, resolve_dataset
+    from timm_recursive.training import add_model_arguments, model_from_arguments
 
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
     add_model_arguments(p)
@@ -215,21 +216,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error('interventions need trained weights: give --checkpoint, or --model with --pretrained')
     if args.eval_samples < 2:
         p.error('--eval-samples must be at least 2')
-    try:
+    def measure():
         splits = resolve_dataset(args.dataset)
         model = model_from_arguments(args, splits.num_classes)
         batches = labelled_batches(splits.eval, create_dataset_transform(model, splits, False), args.eval_samples)
         if len(batches) > 1 and len(batches[-1]['label']) < 2:  # a last batch of one image has no other image
             batches[-2:] = [{k: torch.cat([batches[-2][k], batches[-1][k]]) for k in batches[-1]}]
-        result = recursion_interventions(model, batches, seed=args.seed)
-    except (DatasetError, CheckpointError, TypeError, ValueError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    if args.markdown:
-        print(markdown_table(result))
-    else:
-        print(json.dumps({'model': args.model, 'checkpoint': args.checkpoint, 'dataset': args.dataset, **result}, indent=1))
-    return 0
+        return recursion_interventions(model, batches, seed=args.seed)
+
+    return print_measurement(args, measure, markdown_table)
 
 
 if __name__ == '__main__':

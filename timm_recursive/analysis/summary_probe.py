@@ -19,8 +19,6 @@ every step is underfit in its readout, not short of steps.
 prints the result (JSON, or a markdown table).
 """
 import argparse
-import json
-import sys
 from typing import Dict
 
 import numpy as np
@@ -84,9 +82,10 @@ def markdown_table(rows: Dict[str, Dict[str, object]]) -> str:
 
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401 (registers the models)
+    from timm_recursive.analysis.command import print_measurement
     from timm_recursive.analysis.images import labelled_batches
-    from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
-    from timm_recursive.training import CheckpointError, add_model_arguments, model_from_arguments
+    from timm_recursive.data import create_dataset_transform, resolve_dataset
+    from timm_recursive.training import add_model_arguments, model_from_arguments
 
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
     add_model_arguments(p)
@@ -100,22 +99,15 @@ def main(argv=None) -> int:
         p.error('probes need trained weights: give --checkpoint, or --model with --pretrained')
     if args.train_samples < 1 or args.eval_samples < 1:
         p.error('--train-samples and --eval-samples must be positive')
-    try:
+    def measure():
         splits = resolve_dataset(args.dataset)
         model = model_from_arguments(args, splits.num_classes)
         transform = create_dataset_transform(model, splits, False)
         train = labelled_batches(splits.train, transform, args.train_samples)
         test = labelled_batches(splits.eval, transform, args.eval_samples)
-        result = summary_probe(model, train, test, seed=args.seed)
-    except (DatasetError, CheckpointError, TypeError, ValueError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    name = args.checkpoint or args.model
-    if args.markdown:
-        print(markdown_table({name: result}))
-    else:
-        print(json.dumps({'model': args.model, 'checkpoint': args.checkpoint, 'dataset': args.dataset, **result}, indent=1))
-    return 0
+        return summary_probe(model, train, test, seed=args.seed)
+
+    return print_measurement(args, measure, lambda result: markdown_table({args.checkpoint or args.model: result}))
 
 
 if __name__ == '__main__':
