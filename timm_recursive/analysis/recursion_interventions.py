@@ -93,6 +93,7 @@ def recursion_interventions(model: nn.Module, batches, seed: int = 0) -> Dict[st
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     last = model.num_steps
+    steps = {name: last if at == -1 else at for name, (_, at) in INTERVENTIONS.items()}
     own_correct = torch.zeros(last)
     counts = {name: torch.zeros(4) for name in INTERVENTIONS}  # top-1 at step, top-1 last, changed, follows
     follow_totals = dict.fromkeys(INTERVENTIONS, 0)
@@ -106,8 +107,8 @@ def recursion_interventions(model: nn.Module, batches, seed: int = 0) -> Dict[st
         own = edited_step_logits(model, images, None).argmax(-1)
         own_correct += (own == labels).sum(1)
         total += len(labels)
-        for name, (role, at) in INTERVENTIONS.items():
-            step = last if at == -1 else at
+        for name, (role, _) in INTERVENTIONS.items():
+            step = steps[name]
 
             def edit(t, tokens, name=name, role=role, step=step):
                 if t != step:
@@ -135,15 +136,18 @@ def recursion_interventions(model: nn.Module, batches, seed: int = 0) -> Dict[st
         'interventions': {},
     }
     for name, (top1_at, top1_last, changed, follows) in counts.items():
-        at = INTERVENTIONS[name][1]
         result['interventions'][name] = {
-            'step': last if at == -1 else at,
+            'step': steps[name],
             'top1_at_step': round(100. * float(top1_at) / total, 2),
             'top1_last': round(100. * float(top1_last) / total, 2),
             'changed': round(100. * float(changed) / total, 2),
             'follows': round(100. * float(follows) / follow_totals[name], 2) if follow_totals[name] else None,
         }
     return result
+
+
+def _percent(value: Optional[float]) -> str:
+    return '-' if value is None else f'{value:.2f}'
 
 
 def markdown_table(result: Dict[str, object]) -> str:
@@ -155,9 +159,8 @@ def markdown_table(result: Dict[str, object]) -> str:
              f'| none (the model as trained) | 2 / {result["num_steps"]} | {top1[1]:.2f} / {top1[-1]:.2f} | '
              f'{top1[-1]:.2f} | - | - |']
     for name, r in result['interventions'].items():
-        follows = '-' if r['follows'] is None else f'{r["follows"]:.2f}'
         lines.append(f'| {name} | {r["step"]} | {r["top1_at_step"]:.2f} | {r["top1_last"]:.2f} | '
-                     f'{r["changed"]:.2f} | {follows} |')
+                     f'{r["changed"]:.2f} | {_percent(r["follows"])} |')
     return '\n'.join(lines)
 
 
@@ -171,9 +174,9 @@ def comparison_table(results: Dict[str, Dict[str, object]]) -> str:
         top1, found = r['step_top1'], r['interventions']
         lines.append(
             f'| {name} | {top1[1]:.2f} / {top1[-1]:.2f} | {found["hypothesis: true class"]["top1_at_step"]:.2f} | '
-            f'{found["hypothesis: wrong class"]["changed"]:.2f} / {found["hypothesis: wrong class"]["follows"]:.2f} | '
+            f'{found["hypothesis: wrong class"]["changed"]:.2f} / {_percent(found["hypothesis: wrong class"]["follows"])} | '
             f'{found["history: other image"]["changed"]:.2f} | {found["history: initial"]["changed"]:.2f} | '
-            f'{found["summary: other image"]["changed"]:.2f} / {found["summary: other image"]["follows"]:.2f} |')
+            f'{found["summary: other image"]["changed"]:.2f} / {_percent(found["summary: other image"]["follows"])} |')
     return '\n'.join(lines)
 
 
