@@ -11,6 +11,7 @@ the design levers (one step, per-step capacity, soft hypothesis) with the gain f
 last and its paired 95% interval (runs that recorded ``eval_first_to_last``), and depth and k with
 the loss on the final step only next to deep supervision. Missing runs are listed, not guessed.
 """
+import argparse
 import json
 import os
 import statistics
@@ -152,11 +153,9 @@ def objective_table(root: str, missing: List[str]) -> List[str]:
 
 
 def main(argv=None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    if len(args) != 1:
-        print(__doc__, file=sys.stderr)
-        return 2
-    root = args[0]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('root', help="the runs' root folder (scripts/ablations.sh's OUTPUT_ROOT)")
+    root = parser.parse_args(argv).root
     missing: List[str] = []
     out = ['### Variants over seeds (16 steps, k=6)', ''] + variant_tables(root, missing)
     header = '| {} | final-step top-1 (%) | step-1 top-1 (%) | mean DSA sparsity (%) | train images/s |'

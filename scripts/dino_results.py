@@ -6,17 +6,16 @@
 Reads, for each variant folder under the root, ``summary.json`` (pretraining) and the probes'
 ``linear.json``, ``segment.json`` and ``segment_cls.json``.
 """
+import argparse
 import json
 import os
 import sys
 
 
 def main(argv=None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    if len(args) != 1:
-        print(__doc__, file=sys.stderr)
-        return 2
-    root = args[0]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('root', help="the runs' root folder (scripts/dino_fashion_mnist.sh's output)")
+    root = parser.parse_args(argv).root
     rows = {}
     for variant in sorted(os.listdir(root)):
         folder = os.path.join(root, variant)
