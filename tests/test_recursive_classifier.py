@@ -426,6 +426,22 @@ def test_interventions_command(tmp_path, capsys):
         main(['--model', 'recursive_sa_mlp_tiny', '--dataset', 'digits'])  # random weights: nothing to measure
 
 
+def test_labelled_batches_leave_no_single_image_batch():
+    import datasets
+    from timm_recursive.analysis.images import labelled_batches
+    rows = datasets.Dataset.from_dict({'image': list(range(11)), 'label': list(range(11))})
+
+    def transform(batch):
+        return {'pixel_values': [torch.full((1, 2, 2), float(i)) for i in batch['image']], 'label': batch['label']}
+
+    sizes = {count: [len(b['label']) for b in labelled_batches(rows, transform, count, batch_size=5)]
+             for count in (1, 6, 7, 10, 11)}
+    assert sizes == {1: [1], 6: [6], 7: [5, 2], 10: [5, 5], 11: [5, 6]}  # a lone last image joins its predecessor
+    batches = labelled_batches(rows, transform, 11, batch_size=5)
+    assert torch.cat([b['label'] for b in batches]).tolist() == list(range(11))  # every row once, in order
+    assert batches[1]['pixel_values'][:, 0, 0, 0].tolist() == [5., 6., 7., 8., 9., 10.]
+
+
 def test_interventions_compare_saved_outputs(tmp_path, capsys):
     from timm_recursive.analysis.recursion_interventions import INTERVENTIONS, main
     effect = {'step': 2, 'top1_at_step': 50.0, 'top1_last': 51.0, 'changed': 7.5, 'follows': 4.25}

@@ -50,8 +50,15 @@ def denormalise(images: torch.Tensor, config: Dict) -> np.ndarray:
 
 def labelled_batches(rows, transform, count: int, batch_size: int = 500) -> List[Dict[str, torch.Tensor]]:
     """The first ``count`` rows of a split (a ``datasets.Dataset``) through ``transform``, as collated
-    ``{'pixel_values', 'label'}`` batches in order (no shuffling, no augmentation)."""
+    ``{'pixel_values', 'label'}`` batches in order (no shuffling, no augmentation).
+
+    A single row left over at the end joins the batch before it: a one-image batch has no other
+    image to pair with (the interventions' swaps).
+    """
     from timm_recursive.training import collate_classification
     rows = rows.select(range(min(count, len(rows)))).with_transform(transform)
-    return [collate_classification([rows[j] for j in range(i, min(i + batch_size, len(rows)))])
-            for i in range(0, len(rows), batch_size)]
+    starts = list(range(0, len(rows), batch_size))
+    if len(starts) > 1 and len(rows) - starts[-1] == 1:
+        starts.pop()
+    ends = starts[1:] + [len(rows)]
+    return [collate_classification([rows[j] for j in range(i, end)]) for i, end in zip(starts, ends)]

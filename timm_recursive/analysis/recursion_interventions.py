@@ -219,12 +219,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error('interventions need trained weights: give --checkpoint, or --model with --pretrained')
     if args.eval_samples < 2:
         p.error('--eval-samples must be at least 2')
+
     def measure():
         splits = resolve_dataset(args.dataset)
         model = model_from_arguments(args, splits.num_classes)
         batches = labelled_batches(splits.eval, create_dataset_transform(model, splits, False), args.eval_samples)
-        if len(batches) > 1 and len(batches[-1]['label']) < 2:  # a last batch of one image has no other image
-            batches[-2:] = [{k: torch.cat([batches[-2][k], batches[-1][k]]) for k in batches[-1]}]
         return recursion_interventions(model, batches, seed=args.seed)
 
     return print_measurement(args, measure, markdown_table)
