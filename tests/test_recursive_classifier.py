@@ -346,7 +346,8 @@ def test_summary_probe_command(tmp_path, capsys):
 
 def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
     from timm_recursive.analysis.recursion_interventions import (
-        INTERVENTIONS, _ROLE_SLOTS, _replacement, edited_step_logits)
+        INTERVENTIONS, _replacement, edited_step_logits)
+    from timm_recursive.analysis.recursion_trace import ROLE_SLOTS
     torch.manual_seed(0)
     model = _tiny(num_steps=2, in_chans=1)
     images, labels = torch.randn(4, 1, 16, 16), torch.tensor([0, 1, 2, 3])
@@ -366,7 +367,7 @@ def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
         if step != 2:
             return tokens
         tokens = tokens.clone()
-        tokens[:, _ROLE_SLOTS['history']] = _replacement(model, 'history: other image', tokens, labels, wrong, other)
+        tokens[:, ROLE_SLOTS['history']] = _replacement(model, 'history: other image', tokens, labels, wrong, other)
         return tokens
 
     torch.testing.assert_close(edited_step_logits(model, images, swap_history)[-1], expected)
@@ -375,7 +376,7 @@ def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
                                model.forward_steps(images)[0])
     tokens = torch.randn(4, 4, TINY['embed_dim'])
     for name, (role, _) in INTERVENTIONS.items():
-        assert _replacement(model, name, tokens, labels, wrong, other).shape == tokens[:, _ROLE_SLOTS[role]].shape
+        assert _replacement(model, name, tokens, labels, wrong, other).shape == tokens[:, ROLE_SLOTS[role]].shape
 
 
 def test_interventions_measure_which_inputs_a_step_follows():

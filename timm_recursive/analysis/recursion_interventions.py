@@ -33,6 +33,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from timm_recursive.analysis.recursion_trace import ROLE_SLOTS
+
 __all__ = ['INTERVENTIONS', 'edited_step_logits', 'recursion_interventions']
 
 # name: (role, step) with step 2 or -1 (the last); the replacement is chosen in ``_replacement``
@@ -44,14 +46,13 @@ INTERVENTIONS: Dict[str, Tuple[str, int]] = {
     'history: initial': ('history', -1),
     'summary: other image': ('summary', -1),
 }
-_ROLE_SLOTS = {'summary': slice(0, 1), 'hypothesis': slice(1, 2), 'history': slice(2, None)}
 
 
 def _replacement(model, name: str, tokens: torch.Tensor, labels: torch.Tensor,
                  wrong: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """The tokens (with their role embedding) that ``name`` puts into its role's slots."""
     role = INTERVENTIONS[name][0]
-    slots = tokens[:, _ROLE_SLOTS[role]]
+    slots = tokens[:, ROLE_SLOTS[role]]
     if name.endswith('other image'):
         return slots[other]
     if role == 'history':
@@ -114,7 +115,7 @@ def recursion_interventions(model: nn.Module, batches, seed: int = 0) -> Dict[st
                 if t != step:
                     return tokens
                 tokens = tokens.clone()
-                tokens[:, _ROLE_SLOTS[role]] = _replacement(model, name, tokens, labels, wrong, other)
+                tokens[:, ROLE_SLOTS[role]] = _replacement(model, name, tokens, labels, wrong, other)
                 return tokens
 
             pred = edited_step_logits(model, images, edit).argmax(-1)

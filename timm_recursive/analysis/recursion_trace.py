@@ -34,9 +34,10 @@ from torch import nn
 
 from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts, ProjectedAttention
 
-__all__ = ['ROLES', 'RecursionTrace', 'RecursionTracer', 'key_roles', 'paired_gain']
+__all__ = ['ROLES', 'ROLE_SLOTS', 'RecursionTrace', 'RecursionTracer', 'key_roles', 'paired_gain']
 
 ROLES = ('summary', 'hypothesis', 'history')
+ROLE_SLOTS = {'summary': slice(0, 1), 'hypothesis': slice(1, 2), 'history': slice(2, None)}  # positions in a step's tokens
 
 
 def key_roles(seq_len: int, device=None) -> torch.Tensor:

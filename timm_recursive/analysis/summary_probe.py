@@ -99,6 +99,7 @@ def main(argv=None) -> int:
         p.error('probes need trained weights: give --checkpoint, or --model with --pretrained')
     if args.train_samples < 1 or args.eval_samples < 1:
         p.error('--train-samples and --eval-samples must be positive')
+
     def measure():
         splits = resolve_dataset(args.dataset)
         model = model_from_arguments(args, splits.num_classes)
