@@ -1,0 +1,89 @@
+"""Every table in README.md, docs/ and experiments/ is generated from a study's committed results."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from timm_recursive.analysis.generated_markdown import (
+    GeneratedMarkdownError, Repository, markdown_table, render, tables_outside_generated_blocks)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RENDER = ROOT / 'experiments' / 'render.py'
+
+
+def _fake_checkout(tmp_path, readme_body):
+    study = tmp_path / 'experiments' / 'toy'
+    (study / 'results').mkdir(parents=True)
+    (study / 'results' / 'run.json').write_text(json.dumps({'top1': 81.234}))
+    (study / 'tables.py').write_text(
+        'import json\n'
+        'from timm_recursive.analysis.generated_markdown import markdown_table\n'
+        'def tables(results):\n'
+        '    top1 = json.loads((results / "run.json").read_text())["top1"]\n'
+        '    return {"main": markdown_table(["model", "top-1 (%)"], [["toy", f"{top1:.2f}"]]),\n'
+        '            "headline": f"{top1:.1f}%"}\n')
+    (study / 'README.md').write_text('# toy\n<!-- gen: main -->\nstale\n<!-- /gen -->\n')
+    (tmp_path / 'README.md').write_text(readme_body)
+    return tmp_path
+
+
+def test_markdown_table_checks_its_rows():
+    assert markdown_table(['a', 'b'], [[1, 2]]) == '| a | b |\n| --- | --- |\n| 1 | 2 |'
+    with pytest.raises(ValueError, match='3 cells for 2 columns'):
+        markdown_table(['a', 'b'], [[1, 2, 3]])
+
+
+def test_render_fills_blocks_and_inline_values():
+    text = 'x <!-- gen: s/v -->old<!-- /gen --> y\n<!-- gen: t -->\nold\n<!-- /gen -->\n'
+    pieces = {'s/v': '1.5%', 's/t': '| a |\n| --- |'}
+    out = render(text, pieces.__getitem__, default_study='s')
+    assert out == 'x <!-- gen: s/v -->1.5%<!-- /gen --> y\n<!-- gen: t -->\n| a |\n| --- |\n<!-- /gen -->\n'
+    assert render(out, pieces.__getitem__, default_study='s') == out
+
+
+@pytest.mark.parametrize('text, message', [
+    ('<!-- gen: a/b -->', 'unbalanced'),
+    ('<!-- gen: b -->x<!-- /gen -->', 'needs its study'),
+])
+def test_render_refuses_bad_markers(text, message):
+    with pytest.raises(GeneratedMarkdownError, match=message):
+        render(text, lambda key: '', default_study=None)
+
+
+def test_tables_outside_generated_blocks_are_found():
+    text = ('| a |\n| --- |\n\n<!-- gen: s/t -->\n| b |\n<!-- /gen -->\n'
+            '<!-- specification table -->\n| c |\n| --- |\n')
+    assert tables_outside_generated_blocks(text) == [1, 2]
+
+
+def test_render_command_rewrites_then_checks(tmp_path):
+    root = _fake_checkout(tmp_path, 'top-1 <!-- gen: toy/headline -->?<!-- /gen -->\n')
+    command = [sys.executable, str(RENDER), '--root', str(root)]
+    stale = subprocess.run(command + ['--check'], capture_output=True, text=True)
+    assert stale.returncode == 1 and 'stale: README.md' in stale.stdout
+    assert subprocess.run(command, capture_output=True, text=True).returncode == 0
+    assert (root / 'README.md').read_text() == 'top-1 <!-- gen: toy/headline -->81.2%<!-- /gen -->\n'
+    assert '| toy | 81.23 |' in (root / 'experiments' / 'toy' / 'README.md').read_text()
+    assert subprocess.run(command + ['--check'], capture_output=True, text=True).returncode == 0
+
+
+def test_render_command_names_an_unknown_piece(tmp_path):
+    root = _fake_checkout(tmp_path, '<!-- gen: toy/nope -->?<!-- /gen -->\n')
+    result = subprocess.run([sys.executable, str(RENDER), '--root', str(root), '--check'],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: README.md: study 'toy' has no piece 'nope' (it has: headline, main)"
+
+
+def test_every_generated_piece_matches_its_data():
+    result = subprocess.run([sys.executable, str(RENDER), '--check'], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_table_is_generated_or_declared_a_specification():
+    repo = Repository(ROOT)
+    stray = {str(path.relative_to(ROOT)): lines for path in repo.markdown_files()
+             if (lines := tables_outside_generated_blocks(path.read_text()))}
+    assert not stray, f'Markdown tables not generated from results (file: lines): {stray}'
