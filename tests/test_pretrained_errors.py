@@ -16,7 +16,8 @@ from timm_recursive.models._pretrained import HUB_ORG, PUBLISHED_TAGS, TRAIN_COM
 
 # one pretrained tag of each family: (name, registered architecture, Hub repo its config names)
 FAMILY_TAGS = [
-    ('recursive_dsa_moe_tiny.fashion_mnist', 'recursive_dsa_moe_tiny', f'{HUB_ORG}/recursive_dsa_moe_tiny.fashion_mnist'),
+    ('recursive_dsa_moe_tiny.fashion_mnist', 'recursive_dsa_moe_tiny',
+     f'{HUB_ORG}/recursive_dsa_moe_tiny.fashion_mnist'),
     ('vit_tiny_entmax.augreg_in21k_ft_in1k', 'vit_tiny_entmax', 'timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k'),
     ('deit_t_tokenfuse.fb_in1k', 'deit_t_tokenfuse', 'timm/deit_tiny_patch16_224.fb_in1k'),
 ]

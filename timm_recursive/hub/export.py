@@ -51,7 +51,8 @@ def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weight
     except CheckpointError as e:
         raise HubError(f'cannot export {run_dir}: {e}') from e
     record = epoch_record(run, epoch)
-    repo_id = repo_id or f'{HUB_ORG}/{model.pretrained_cfg["architecture"]}.{os.path.basename(os.path.normpath(run_dir))}'
+    run_name = os.path.basename(os.path.normpath(run_dir))
+    repo_id = repo_id or f'{HUB_ORG}/{model.pretrained_cfg["architecture"]}.{run_name}'
     tmp = f'{out_dir}.tmp'
     shutil.rmtree(tmp, ignore_errors=True)
     export_model(model, tmp, label_names=run['summary'].get('class_names'), pretrained_cfg={'tag': dataset_name(run)})

@@ -216,7 +216,9 @@ def recorded_reductions(model: nn.Module) -> Dict[int, Dict[str, torch.Tensor]]:
 
 
 class TokenFusionObjective:
-    """``alpha L_imp + beta L_div`` (``token_fusion.fusion_objective_terms``) over every ``TokenFusion`` of ``model``, from its last forward.
+    """``alpha L_imp + beta L_div`` over every ``TokenFusion`` of ``model``, from its last forward.
+
+    The terms are ``token_fusion.fusion_objective_terms``'s, the source's training objective.
 
     Turns on the collection of the terms in those layers (training forwards only); call it after
     each training forward. Each term is averaged over the reductions that have it.

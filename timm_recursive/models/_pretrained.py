@@ -56,7 +56,8 @@ def train_command(variant: str, tag: str) -> str:
 
 def _never_published(error: Exception, cfg: Dict) -> bool:
     """Whether a failed load means the weights do not exist, rather than that they could not be reached or read."""
-    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError)
     if cfg.get('file') or not cfg.get('hf_hub_id'):
         return False
     if isinstance(error, LocalEntryNotFoundError):  # offline or not cached: only our own list can tell
