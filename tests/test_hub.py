@@ -10,13 +10,13 @@ from safetensors.torch import save_file
 
 import timm
 import timm_recursive  # noqa: F401
-from timm_recursive.hub import HubError, export_run, load_run, push_to_hub
+from timm_recursive.hub import HUB_ORG, HubError, export_run, load_run, public_command, push_to_hub
 
 from helpers import TINY_RUN, load_script
 
 train_script = load_script('train')
 push_script = load_script('push_to_hub')
-REPO_ID = 'timm-recursive/recursive_dsa_moe_tiny.fashion_mnist'  # a registered pretrained config
+REPO_ID = f'{HUB_ORG}/recursive_dsa_moe_tiny.fashion_mnist'  # a registered pretrained config
 REVISION = 'a' * 40
 
 
@@ -60,7 +60,7 @@ def test_card_front_matter_parses_and_carries_the_measured_metrics(hub_folder, r
     # every step's accuracy is in the card, the run's command and the usage starting with the import
     for t, (a, b) in enumerate(zip(last['eval_top1_per_step'], last['eval_top5_per_step']), start=1):
         assert f'| {t} | {a:.2f} | {b:.2f} |' in card
-    assert run['summary']['command'] in card
+    assert public_command(run['summary']['command']) in card  # the run's command, its local paths replaced
     assert 'import timm_recursive' in card and f"hf-hub:{REPO_ID}" in card
     assert '$' not in card.replace('$ ', '')  # no unfilled template placeholder
 
@@ -163,3 +163,12 @@ def test_push_script_dry_run_and_errors(run_dir, tmp_path, capsys):
     pickle_out = str(tmp_path / 'with_pickle')
     assert push_script.main([run_dir, '--out', pickle_out, '--dry-run', '--include-pickle']) == 0
     assert 'pytorch_model.bin' in os.listdir(pickle_out)
+
+
+def test_card_of_a_run_shows_its_own_training_facts_and_no_local_path(hub_folder, run_dir):
+    card = open(os.path.join(hub_folder, 'README.md')).read()
+    run = load_run(run_dir)
+    summary, top1 = run['summary'], run['history'][-1]['eval_top1_per_step']
+    assert f'for {summary["epochs"]} epochs on {summary["train_images"]} training images' in card
+    assert f'{top1[-1] - top1[0]:+.2f} points from step 1' in card  # what the steps did in this run, no more
+    assert run_dir not in card and os.path.dirname(run_dir) not in card and '--output OUTPUT_DIR' in card

@@ -12,7 +12,8 @@ from PIL import Image
 
 import timm_recursive  # noqa: F401
 from timm_recursive.data import resolve_dataset
-from timm_recursive.hub import FAMILIES, base_model_id, hub_dataset_id, load_run, render_model_card
+from timm_recursive.hub import (
+    FAMILIES, HubError, base_model_id, hub_dataset_id, load_run, public_command, render_model_card, strip_local_paths)
 from timm_recursive.training import INSTALL_COMMAND, create_model_from_checkpoint
 
 from helpers import load_script
@@ -36,7 +37,8 @@ FAMILY_RUNS = {
 
 def test_every_registered_family_has_a_card_template_and_a_run_here():
     names = timm.list_models(['recursive_*', '*_entmax', '*_tokenfuse'])
-    assert set(FAMILIES) == set(FAMILY_RUNS) == {type(timm.create_model(n, device='meta')).__name__ for n in names}
+    families = {cls.__name__ for cls in FAMILIES}
+    assert families == set(FAMILY_RUNS) == {type(timm.create_model(n, device='meta')).__name__ for n in names}
 
 
 @pytest.fixture(scope='module', params=sorted(FAMILY_RUNS))
@@ -60,8 +62,15 @@ def test_card_and_config_say_how_to_install_and_that_the_import_is_needed(publis
     assert 'Trained from random initialisation' in card
     assert INSTALL_COMMAND in card and 'import timm_recursive' in card and 'Unknown model' in card
     assert '$' not in card.replace('$ ', '')  # no unfilled placeholder
-    top1 = load_run(run)['history'][-1]['eval_top1']
+    recorded = load_run(run)
+    top1 = recorded['history'][-1]['eval_top1']
     assert f'{top1:.2f}' in card
+    # the training facts are the run's own
+    summary = recorded['summary']
+    assert f'{summary["epochs"]} epochs on {summary["train_images"]} training images' in card
+    # no local absolute path: the run's --output (a temporary folder) is a placeholder in the command
+    assert '--output OUTPUT_DIR' in card and not re.search(r'''(?<![^\s(='"])/(tmp|home|usr|root)\b''', card)
+    assert os.path.dirname(run) not in card
     config = json.load(open(os.path.join(out, 'config.json')))
     assert config['requires']['install'] == INSTALL_COMMAND
     assert 'import timm_recursive' in config['requires']['usage'] and config['architecture'] in config['requires']['usage']
@@ -88,11 +97,15 @@ def test_base_model_and_dataset_ids_only_when_they_are_hub_ids(published, tmp_pa
     run = load_run(run_dir)
     model = create_model_from_checkpoint(out)
     record = run['history'][-1]
-    pretrained = dict(run, args={**run['args'], 'pretrained': True}, summary={**run['summary'], 'dataset': str(tmp_path)})
+    # started from a checkpoint, trained on a local image folder
+    local = dict(dataset=str(tmp_path), dataset_source=f'image folder {tmp_path}/flowers',
+                 command=f'python train_scripts/train.py --dataset {tmp_path} --output {tmp_path}/run --lr 1e-3')
+    pretrained = dict(run, args={**run['args'], 'pretrained': True}, summary={**run['summary'], **local})
     card = render_model_card(model, pretrained, record, 'note.', 'me/tiny', model.pretrained_cfg)
     meta = _front_matter(card)
     assert meta['base_model'] == base_model_id(pretrained) and 'datasets' not in meta and 'model-index' not in meta
-    assert f'Fine-tuned from [`{meta["base_model"]}`]' in card and str(tmp_path) not in card.split('---\n')[1]
+    assert f'Fine-tuned from [`{meta["base_model"]}`]' in card and str(tmp_path) not in card
+    assert '--dataset DATASET_DIR --output OUTPUT_DIR --lr 1e-3' in card and 'image folder a local folder' in card
 
 
 def test_base_model_and_dataset_id_resolution(tmp_path):
@@ -103,3 +116,18 @@ def test_base_model_and_dataset_id_resolution(tmp_path):
     assert hub_dataset_id('fashion_mnist') == 'zalando-datasets/fashion_mnist'
     assert hub_dataset_id('user/flowers') == 'user/flowers'
     assert hub_dataset_id(str(tmp_path)) is None and hub_dataset_id('./data') is None
+
+
+def test_local_paths_are_replaced_and_urls_kept():
+    text = 'IDX files in /usr/share/datasets/fashion-mnist; see https://github.com/a/b, 32/64/128 and ~/data.'
+    assert strip_local_paths(text) == ('IDX files in a local folder; see https://github.com/a/b, 32/64/128 and '
+                                       'a local folder.')
+    command = "python train_scripts/train.py --dataset /data/x --output '/tmp/my run' --model-kwargs a=/b/c --lr 1e-3"
+    assert public_command(command) == ('python train_scripts/train.py --dataset DATASET_DIR --output OUTPUT_DIR '
+                                       '--model-kwargs a=LOCAL_PATH --lr 1e-3')
+
+
+def test_a_model_without_a_card_family_is_a_clear_error():
+    model = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=16, depth=1)
+    with pytest.raises(HubError, match='no model card for VisionTransformer: the card families are'):
+        render_model_card(model, {}, {}, 'note.', 'me/tiny', model.pretrained_cfg)

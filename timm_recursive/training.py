@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from timm_recursive.models._pretrained import PROJECT_URL
+
 __all__ = [
     'STEP_WEIGHTINGS', 'CheckpointError', 'StepOutputs', 'step_weights', 'deep_supervision_loss',
     'evaluate_steps', 'save_state_atomic', 'load_state_checked', 'find_last_state', 'export_model',
@@ -34,7 +36,7 @@ __all__ = [
 
 STEP_WEIGHTINGS = ('uniform', 'linear', 'last')
 # how a user without the package gets it (exported configs and model cards say so)
-INSTALL_COMMAND = 'pip install git+https://github.com/timm-recursive/timm-recursive'
+INSTALL_COMMAND = f'pip install git+{PROJECT_URL}'
 
 TRAINER_STATE = 'trainer_state.json'
 

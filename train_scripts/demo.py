@@ -26,7 +26,7 @@ import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.efficiency import format_table
 from timm_recursive.data import create_dataset_transform, resolve_dataset
 from timm_recursive.efficiency import build_reports
-from timm_recursive.hub import export_run
+from timm_recursive.hub import HUB_ORG, export_run
 from timm_recursive.training import StepOutputs, collate_classification, evaluate_steps
 
 TARGET = 95.0
@@ -67,7 +67,7 @@ def main() -> int:
     best = summary['best']
 
     export = export_run(args.output, os.path.join(args.output, 'hub'),
-                        repo_id='timm-recursive/recursive_dsa_moe_tiny.digits')
+                        repo_id=f'{HUB_ORG}/recursive_dsa_moe_tiny.digits')
     print(f'\n== 2. Hub-ready folder {export} ({", ".join(sorted(os.listdir(export)))}); '
           f'reloading it with timm.create_model("local-dir:...") ==')
     model = timm.create_model(f'local-dir:{os.path.abspath(export)}', pretrained=True).eval()

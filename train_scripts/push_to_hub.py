@@ -15,13 +15,13 @@ import os
 import sys
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.hub import HubError, export_run, push_to_hub
+from timm_recursive.hub import HUB_ORG, HubError, export_run, push_to_hub
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument('run', help='training run folder written by train_scripts/train.py')
-    p.add_argument('--repo-id', default=None, help='Hub model repo, e.g. user/name (default: timm-recursive/<arch>.<run>)')
+    p.add_argument('--repo-id', default=None, help=f'Hub model repo, e.g. user/name (default: {HUB_ORG}/<arch>.<run folder name>)')
     p.add_argument('--out', default=None, help='export folder (default: <run>/hub)')
     p.add_argument('--weights', choices=('best', 'last'), default='best')
     p.add_argument('--include-pickle', action='store_true', help='also write pytorch_model.bin (pickle)')

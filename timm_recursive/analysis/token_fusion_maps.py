@@ -1,5 +1,9 @@
 """Which patches a token-fusion ViT kept and which it fused into which cluster, at every reduction.
 
+The picture EViT (Liang et al. 2022) and ToMe (Bolya et al. 2023) draw of their reductions, for
+the token decoupling and fusion of the source document ("Para Além dos Tokens Atentos: Vision
+Transformers Eficientes com Importância e Diversidade de Tokens").
+
 ``fusion_stages(model, images)`` runs the model once with recording on and returns, per reduction
 block, for every original patch: the token standing for it, whether that token is a fused one and
 which cluster; plus the kept / fused counts and the cluster sizes.
@@ -19,8 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from timm_recursive.layers import token_sources
-from timm_recursive.models.deit_tokenfuse import TokenFusionBlock, record_token_fusion, recorded_reductions
+from timm_recursive.layers import (
+    TokenFusionBlock, apply_token_fusion, record_token_fusion, recorded_reductions, token_sources)
 
 from .images import denormalise, load_images
 
@@ -108,7 +112,6 @@ def main(argv=None) -> int:
     import timm
     import timm_recursive  # noqa: F401
     from timm.data import resolve_data_config
-    from timm_recursive.models import apply_token_fusion
 
     parser = argparse.ArgumentParser(description='Which patches a token-fusion ViT keeps and fuses, as PNG maps')
     parser.add_argument('--model', default='deit_s_tokenfuse', help='model name (any timm ViT gets token fusion)')

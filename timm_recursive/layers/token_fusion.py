@@ -1,89 +1,118 @@
-"""Token decoupling and fusion: keep the patch tokens the [CLS] token attends to, cluster and merge the rest.
+"""Token decoupling and fusion, the algorithm: functions on tensors, no modules.
 
-As a technical summary of token decoupling and fusion describes it: after the attention of a block, the patch tokens are ranked by
-their importance, the [CLS] query's attention over them: the top ``ceil(keep_rate * N)`` are kept
-as they are (importance), the inattentive rest is grouped by density-peak k-nearest-neighbour
-clustering and each group merged into one token by an importance-weighted mean (diversity). No
-learnable parameters, so a pretrained ViT's weights load unchanged; every image of a batch keeps
+The method of "Para Além dos Tokens Atentos: Vision Transformers Eficientes com Importância e
+Diversidade de Tokens" (the source document, in Portuguese): after the attention of a block, the
+patch tokens are ranked by their importance, the [CLS] query's attention over them
+(``cls_importance``); the top ``ceil(keep_rate * N)`` are kept as they are (``split_by_importance``),
+the inattentive rest is grouped by density-peak k-nearest-neighbour clustering
+(``density_peak_clusters``; Rodriguez & Laio 2014, "Clustering by fast search and find of density
+peaks"; the kNN density of Du et al. 2016, DPC-kNN) and each group merged into one token by an
+importance-weighted mean (``weighted_cluster_means``). ``fuse_tokens`` composes the steps. Keeping
+the attentive tokens and fusing the rest into one is EViT (Liang et al. 2022, "Not All Patches are
+What You Need"), which in turn builds on the learned token pruning of DynamicViT (Rao et al. 2021);
+merging tokens instead of dropping them is what ToMe (Bolya et al. 2023, "Token Merging: Your ViT
+But Faster") does by bipartite matching, and this package is laid out as ToMe's is: this module is
+the algorithm (ToMe's ``merge.py``), ``token_fusion_patch`` the attention, block and
+``apply_token_fusion`` that put it into a timm ViT (ToMe's ``patch/timm.py``).
+
+No learnable parameters, so a pretrained ViT's weights load unchanged; every image of a batch keeps
 the same number of tokens, so everything is batched tensor code.
 
-Modes (``FUSION_MODES``), the source's ablation as options of one layer:
+Modes (``FUSION_MODES``), the source's ablation as options of one reduction:
 
 * ``both``: the method above;
 * ``importance``: keep the attentive tokens, fuse all the others into one token (EViT);
 * ``diversity``: no attentive split, every patch token is clustered into ``ceil(keep_rate * N) +
   num_fused_tokens`` importance-weighted cluster means, the token count of ``both``.
 
-Importance scores (``IMPORTANCE_SCORES``): ``cls_query``, the source's
-``softmax(Q_cls K^T / sqrt(d))`` with the query and keys over the full width d (all heads at once);
-``head_mean``, each head's own attention row of [CLS] (scale ``1/sqrt(d_head)``), averaged over heads.
+Importance scores (``IMPORTANCE_SCORES``; ``DEFAULT_IMPORTANCE_SCORE`` is the source's):
+``cls_query``, ``softmax(Q_cls K^T / sqrt(d))`` with the query and keys over the full width d (all
+heads at once), as the source writes it; ``head_mean``, each head's own attention row of [CLS]
+(scale ``1/sqrt(d_head)``) averaged over heads, as EViT does.
 
-Training objective (seed 001, ``L = alpha L_imp + beta L_div`` added to the classification loss),
-``TokenFusionObjective``: ``L_imp``, the [CLS] attention mass that falls outside the kept tokens
-(the importance left to fusion), so attention concentrates on what is kept; ``L_div``, a
+Training objective (the source's ``L = alpha L_imp + beta L_div`` added to the classification
+loss), ``fusion_objective_terms``: ``L_imp``, the [CLS] attention mass that falls outside the kept
+tokens (the importance left to fusion), so attention concentrates on what is kept; ``L_div``, a
 clustering regulariser on the fused tokens, their within-cluster dispersion over their total
-dispersion (importance-weighted, ``W / T = 1 - B / T``): minimal when clusters are tight (the
-merge loses little) and their means far apart (the fused tokens are diverse).
+dispersion (importance-weighted, ``W / T = 1 - B / T``): minimal when clusters are tight (the merge
+loses little) and their means far apart (the fused tokens are diverse).
 
-- ``ClsRowAttention``: timm's ``Attention`` (same parameters) whose ``forward_with_cls_row`` also
-  returns the importance of every token. With the fused SDPA kernel the [CLS] row is computed
-  alone, O(N d), rather than giving up the kernel, which returns no attention map.
-- ``TokenFusion``: the reduction; with ``record = True`` it keeps what it did in ``last_record``.
-- ``TokenFusionObjective``: ``alpha L_imp + beta L_div`` of every ``TokenFusion`` of a model.
-- ``density_peak_clusters``, ``weighted_cluster_means``: the two steps of the fusion.
-- ``token_sources``: composes recorded reductions into, for every original patch, the token that
-  stands for it now, and how many patches each token stands for.
+``token_sources`` composes recorded reductions into, for every original patch, the token that
+stands for it now, and how many patches each token stands for.
 """
 import math
 from typing import Dict, List, Optional, Tuple
 
 import torch
-from torch import nn
-from torch.nn import functional as F
 from timm.layers import register_notrace_function
 
-from .attention_projections import ProjectedAttention
 from .graph_capture import is_graph_capture
 
 __all__ = [
-    'ClsRowAttention', 'TokenFusion', 'density_peak_clusters', 'weighted_cluster_means', 'token_sources',
-    'clustering_macs', 'fuse_tokens', 'num_kept', 'fusion_objective_terms', 'TokenFusionObjective',
-    'FUSION_MODES', 'IMPORTANCE_SCORES',
+    'FUSION_MODES', 'IMPORTANCE_SCORES', 'DEFAULT_IMPORTANCE_SCORE', 'cls_importance', 'num_kept',
+    'fusion_output_counts', 'split_by_importance', 'density_peak_clusters', 'weighted_cluster_means', 'fuse_tokens',
+    'fusion_objective_terms', 'token_sources', 'clustering_macs',
 ]
 
 FUSION_MODES = ('both', 'importance', 'diversity')
 IMPORTANCE_SCORES = ('cls_query', 'head_mean')
+DEFAULT_IMPORTANCE_SCORE = 'cls_query'  # the source's formula
 
 
-class ClsRowAttention(ProjectedAttention):
-    """timm ``Attention`` that can also return the importance of every token: the [CLS] query's (token 0) attention."""
+def cls_importance(
+        q: torch.Tensor, k: torch.Tensor, score: str = DEFAULT_IMPORTANCE_SCORE, attn: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Importance (B, N) of every token, the [CLS] query's (token 0) attention over them, float32, summing to 1.
 
-    def forward_with_cls_row(self, x: torch.Tensor, score: str = 'head_mean') -> Tuple[torch.Tensor, torch.Tensor]:
-        """The attention output and the importance (B, N) of all N tokens, in float32, summing to 1.
+    Args:
+        q, k: queries and keys (B, heads, N, head_dim), after any q/k norm.
+        score: ``'cls_query'`` or ``'head_mean'`` (module docstring).
+        attn: the attention probabilities (B, heads, N, N) when already computed; ``head_mean`` reads
+            their [CLS] row. Without them (a fused kernel) that one row is computed alone, O(N d).
+    """
+    if score == 'cls_query':
+        B, H, N, D = k.shape
+        q_cls = q[:, :, 0].reshape(B, 1, H * D)
+        keys = k.transpose(1, 2).reshape(B, N, H * D)
+        return ((q_cls * (H * D) ** -0.5) @ keys.transpose(1, 2)).float().softmax(dim=-1).squeeze(1)
+    if score == 'head_mean':
+        if attn is not None:
+            return attn[:, :, 0].float().mean(dim=1)
+        row = (q[:, :, :1] * k.shape[-1] ** -0.5) @ k.transpose(-2, -1)
+        return row.float().softmax(dim=-1).mean(dim=1).squeeze(1)
+    raise ValueError('importance score must be one of cls_query, head_mean; got ' + score)  # TorchScript: no f-string
 
-        ``score``: ``'head_mean'``, the [CLS] query's attention row averaged over heads;
-        ``'cls_query'``, ``softmax(q_cls . k / sqrt(d))`` over the full width d (the source's formula).
-        """
-        if score != 'cls_query' and score != 'head_mean':  # spelled out for TorchScript
-            raise ValueError('importance score must be one of cls_query, head_mean; got ' + score)
-        q, k, v, gate = self.project_qkv(x)
-        attn: Optional[torch.Tensor] = None
-        if self.fused_attn:
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.)
-        else:
-            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-            x = self.attn_drop(attn) @ v
-        if score == 'cls_query':
-            B, H, N, D = k.shape
-            q_cls = q[:, :, 0].reshape(B, 1, H * D)
-            keys = k.transpose(1, 2).reshape(B, N, H * D)
-            row = ((q_cls * (H * D) ** -0.5) @ keys.transpose(1, 2)).float().softmax(dim=-1).squeeze(1)
-        elif attn is not None:
-            row = attn[:, :, 0].float().mean(dim=1)
-        else:  # one query row next to the fused kernel: O(N d) instead of the full attention map
-            row = ((q[:, :, :1] * self.scale) @ k.transpose(-2, -1)).float().softmax(dim=-1).mean(dim=1).squeeze(1)
-        return self.project_output(x, gate), row
 
+def num_kept(keep_rate: float, num_patches: int) -> int:
+    """``ceil(keep_rate * num_patches)``, at least 1 (the epsilon keeps 0.7 * 100 from rounding up to 71)."""
+    return max(1, math.ceil(keep_rate * num_patches - 1e-6))
+
+
+def fusion_output_counts(mode: str, n: int, keep_rate: float, num_fused_tokens: int) -> Tuple[int, int]:
+    """(kept, fused) patch tokens after one reduction of ``n`` patch tokens."""
+    n_keep = num_kept(keep_rate, n)
+    if n_keep >= n:
+        return n, 0
+    if mode == 'importance':
+        return n_keep, 1
+    if mode == 'diversity':
+        # everything is clustered into the token count of 'both'; as many clusters as tokens: no reduction
+        clusters = n_keep + num_fused_tokens
+        return (n, 0) if clusters >= n else (0, clusters)
+    return n_keep, min(num_fused_tokens, n - n_keep)
+
+
+def split_by_importance(importance: torch.Tensor, n_keep: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Indices of the ``n_keep`` most important patches (decreasing importance, ties in patch order) and of the rest.
+
+    While a graph is captured (ONNX, ``torch.export``, compile) a full ``topk`` replaces the stable
+    sort, which neither ONNX exporter converts; ONNX's TopK also breaks ties by the lower index.
+    """
+    if is_graph_capture():
+        order = importance.topk(importance.shape[1], dim=1).indices
+    else:
+        order = importance.sort(dim=1, descending=True, stable=True).indices
+    return order[:, :n_keep], order[:, n_keep:]
 
 def _gather_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
@@ -161,117 +190,28 @@ def clustering_macs(num_fused_inputs: int, dim: int, num_clusters: int = 2) -> i
     return distances + num_fused_inputs * dim
 
 
-class TokenFusion(nn.Module):
-    """Keeps the most attended patch tokens and fuses the others into a few importance-weighted cluster means.
-
-    Output tokens: the prefix tokens ([CLS], registers) unchanged, then the kept patch tokens in
-    decreasing importance, then the fused tokens: ``min(num_fused_tokens, inattentive)`` (mode
-    ``both``), one (``importance``), or, with nothing kept, ``ceil(keep_rate * N) +
-    num_fused_tokens`` cluster means of all patch tokens (``diversity``). With ``keep_rate = 1``
-    the tokens pass through untouched in every mode.
-
-    Args:
-        keep_rate: fraction of the patch tokens kept, in (0, 1]; ``ceil(keep_rate * N)`` are kept.
-        num_fused_tokens: clusters the inattentive tokens are merged into (0: they are dropped);
-            not used by mode ``importance``, which fuses them into one token.
-        knn: neighbours that define the clustering density.
-        mode: ``'both'``, ``'importance'`` or ``'diversity'`` (module docstring).
-        importance_score: ``'cls_query'`` or ``'head_mean'`` (module docstring); read by the block
-            that computes the attention.
-    """
-    last_record: Dict[str, torch.Tensor]  # typed for TorchScript, which cannot infer it from {}
-    last_objective: Dict[str, torch.Tensor]
-
-    def __init__(
-            self, keep_rate: float = 0.7, num_fused_tokens: int = 4, knn: int = 5, mode: str = 'both',
-            importance_score: str = 'cls_query',
-    ):
-        super().__init__()
-        if not 0. < float(keep_rate) <= 1.:
-            raise ValueError(f'keep_rate must be in (0, 1] (the fraction of patch tokens kept), got {keep_rate}')
-        if int(num_fused_tokens) < 0 or int(knn) < 1:
-            raise ValueError(f'num_fused_tokens must be >= 0 and knn >= 1, got {num_fused_tokens} and {knn}')
-        if mode not in FUSION_MODES:
-            raise ValueError(f'token fusion mode must be one of {FUSION_MODES}, got {mode!r}')
-        if importance_score not in IMPORTANCE_SCORES:
-            raise ValueError(f'importance score must be one of {IMPORTANCE_SCORES}, got {importance_score!r}')
-        self.keep_rate = float(keep_rate)
-        self.num_fused_tokens = int(num_fused_tokens)
-        self.knn = int(knn)
-        self.mode = mode
-        self.importance_score = importance_score
-        self.record = False
-        self.last_record = {}
-        self.collect_objective = False  # set by TokenFusionObjective: keep the loss terms of training forwards
-        self.last_objective = {}
-
-    def extra_repr(self) -> str:
-        return (f'keep_rate={self.keep_rate}, num_fused_tokens={self.num_fused_tokens}, knn={self.knn}, '
-                f'mode={self.mode}, importance_score={self.importance_score}')
-
-    def num_outputs(self, num_patches: int) -> int:
-        """Patch tokens left after fusing ``num_patches``."""
-        kept, fused = _num_clusters(self.mode, num_patches, num_kept(self.keep_rate, num_patches), self.num_fused_tokens)
-        return kept + fused
-
-    def forward(self, x: torch.Tensor, importance: torch.Tensor, num_prefix_tokens: int = 1) -> torch.Tensor:
-        """Reduce tokens ``x`` (B, P + N, C) given the importance (B, N) of its N patch tokens."""
-        out, record = fuse_tokens(
-            x, importance, num_prefix_tokens, self.keep_rate, self.num_fused_tokens, self.knn, self.mode)
-        if self.record:
-            self.last_record = record
-        if self.collect_objective and self.training:
-            self.last_objective = fusion_objective_terms(x[:, num_prefix_tokens:], importance, record)
-        return out
-
-
-def num_kept(keep_rate: float, num_patches: int) -> int:
-    """``ceil(keep_rate * num_patches)``, at least 1 (the epsilon keeps 0.7 * 100 from rounding up to 71)."""
-    return max(1, math.ceil(keep_rate * num_patches - 1e-6))
-
-
-def _rank_descending(importance: torch.Tensor) -> torch.Tensor:
-    """Patch indices (B, n) by decreasing importance, ties in patch order.
-
-    While a graph is captured (ONNX, ``torch.export``, compile) a full ``topk`` replaces the stable
-    sort, which neither ONNX exporter converts; ONNX's TopK also breaks ties by the lower index.
-    """
-    if is_graph_capture():
-        return importance.topk(importance.shape[1], dim=1).indices
-    return importance.sort(dim=1, descending=True, stable=True).indices
-
-
-def _num_clusters(mode: str, n: int, n_keep: int, num_fused_tokens: int) -> Tuple[int, int]:
-    """(kept, fused) patch tokens of one reduction of ``n`` tokens that keeps ``n_keep`` by importance."""
-    if n_keep >= n:
-        return n, 0
-    if mode == 'importance':
-        return n_keep, 1
-    if mode == 'diversity':
-        # everything is clustered into the token count of 'both'; as many clusters as tokens: no reduction
-        clusters = n_keep + num_fused_tokens
-        return (n, 0) if clusters >= n else (0, clusters)
-    return n_keep, min(num_fused_tokens, n - n_keep)
-
-
 @register_notrace_function  # data-dependent token counts: a leaf for FX
 @torch.jit.ignore  # and plain Python under TorchScript (sorting, clustering)
 def fuse_tokens(
         x: torch.Tensor, importance: torch.Tensor, num_prefix_tokens: int, keep_rate: float,
         num_fused_tokens: int, knn: int, mode: str = 'both',
 ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    """``TokenFusion``'s reduction as a function: the reduced tokens and what was done (``TokenFusion.last_record``)."""
+    """One reduction of tokens ``x`` (B, P + N, C) given the importance (B, N) of its N patch tokens.
+
+    Returns the reduced tokens (the P prefix tokens, the kept patch tokens in decreasing importance,
+    the fused ones) and what was done: ``keep_index``, ``fuse_index``, ``assignment`` (cluster of
+    each fused input), ``importance``, ``num_clusters``; empty when nothing was reduced.
+    """
     P = num_prefix_tokens
     B, _, C = x.shape
     n = x.shape[1] - P
     if importance.shape != (B, n):
         raise ValueError(f'importance must be (B, patch tokens) = {(B, n)}, got {tuple(importance.shape)}')
-    n_keep, num_clusters = _num_clusters(mode, n, num_kept(keep_rate, n), num_fused_tokens)
+    n_keep, num_clusters = fusion_output_counts(mode, n, keep_rate, num_fused_tokens)
     if n_keep >= n:
         return x, {}
     prefix, patches = x[:, :P], x[:, P:]
-    order = _rank_descending(importance)
-    keep_index, fuse_index = order[:, :n_keep], order[:, n_keep:]
+    keep_index, fuse_index = split_by_importance(importance, n_keep)
     parts = [prefix, _gather_tokens(patches, keep_index)]
     assignment = torch.zeros_like(fuse_index)
     if num_clusters > 0:
@@ -318,43 +258,6 @@ def fusion_objective_terms(
         total = (tokens - centre).pow(2).sum(dim=-1)
         terms['div'] = ((within * weights).sum(dim=1) / (total * weights).sum(dim=1).clamp_min(1e-30)).mean()
     return terms
-
-
-class TokenFusionObjective:
-    """``alpha L_imp + beta L_div`` (module docstring) over every ``TokenFusion`` of ``model``, from its last forward.
-
-    Turns on the collection of the terms in those layers (training forwards only); call it after
-    each training forward. Each term is averaged over the reductions that have it.
-
-    Raises:
-        ValueError: ``model`` has no ``TokenFusion`` layer, or a negative weight.
-    """
-
-    def __init__(self, model: nn.Module, alpha: float, beta: float):
-        if alpha < 0 or beta < 0:
-            raise ValueError(f'the token fusion loss weights must be >= 0, got alpha={alpha}, beta={beta}')
-        self.fusions = [m for m in model.modules() if isinstance(m, TokenFusion)]
-        if not self.fusions:
-            raise ValueError(f'{type(model).__name__} has no TokenFusion layer: the token fusion objective needs one '
-                             '(a *_tokenfuse model, or timm_recursive.models.apply_token_fusion)')
-        self.alpha, self.beta = float(alpha), float(beta)
-        for fusion in self.fusions:
-            fusion.collect_objective = True
-
-    def __call__(self) -> Tuple[torch.Tensor, Dict[str, float]]:
-        """The weighted loss of the last training forward and its terms (``imp``, ``div``) as numbers."""
-        collected = [f.last_objective for f in self.fusions]
-        for fusion in self.fusions:
-            fusion.last_objective = {}
-        loss = torch.zeros(())
-        terms = {}
-        for name, weight in (('imp', self.alpha), ('div', self.beta)):
-            values = [c[name] for c in collected if name in c]
-            if values:
-                term = torch.stack(values).mean()
-                terms[name] = term.item()
-                loss = loss.to(term.device) + weight * term
-        return loss, terms
 
 
 def token_sources(records: List[Dict[str, torch.Tensor]], num_patches: int) -> List[Dict[str, torch.Tensor]]:

@@ -52,7 +52,7 @@ from timm.models._manipulate import checkpoint, named_apply
 
 from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts
 
-from ._pretrained import pretrained_errors
+from ._pretrained import HUB_ORG, pretrained_errors
 
 __all__ = ['RecursiveClassifier', 'RecursiveBlock']
 
@@ -457,7 +457,6 @@ def _create_recursive_classifier(variant: str, pretrained: bool = False, **kwarg
         )
 
 
-HUB_ORG = 'timm-recursive'
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)

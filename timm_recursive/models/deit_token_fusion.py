@@ -1,130 +1,38 @@
 """DeiTs that keep the tokens the [CLS] token attends to and fuse the others by clustering.
 
-As a technical summary of token decoupling and fusion ("beyond attentive tokens") describes it: after the attention of a few blocks
-(4, 7 and 10 counting from 1, the EViT convention; ``reduction_blocks=(3, 6, 9)`` counting from 0
-as Python does), the patch tokens are ranked by the [CLS] attention row: the top
-``ceil(keep_rate * N)`` are kept, the rest merged into ``num_fused_tokens`` tokens by density-peak
-kNN clustering and importance-weighted means (``timm_recursive.layers.TokenFusion``); the MLP of
-that block and everything after run on fewer tokens. At ``keep_rate=0.7`` DeiT-S costs about a third
-less (``benchmarks/tokenfuse_cost.py``). No learnable parameters: the architectures are timm's
-``deit_{tiny,small,base}_patch16_224`` and their weight files load unchanged. Fused tokens from an
-earlier reduction are candidates again at the next one.
+The token decoupling and fusion of "Para Além dos Tokens Atentos: Vision Transformers Eficientes
+com Importância e Diversidade de Tokens" (the source document, in Portuguese) on timm's DeiTs: after
+the attention of a few blocks (4, 7 and 10 counting from 1, the convention of EViT, Liang et al.
+2022; ``reduction_blocks=(3, 6, 9)`` counting from 0 as Python does), the patch tokens are ranked by
+the [CLS] attention row: the top ``ceil(keep_rate * N)`` are kept, the rest merged into
+``num_fused_tokens`` tokens by density-peak kNN clustering (Rodriguez & Laio 2014; Du et al. 2016)
+and importance-weighted means; the MLP of that block and everything after run on fewer tokens. No
+learnable parameters: the architectures are timm's ``deit_{tiny,small,base}_patch16_224`` and their
+weight files load unchanged. Fused tokens from an earlier reduction are candidates again at the next
+one.
 
-``apply_token_fusion(model, ...)`` does the same to any timm ``VisionTransformer`` instance in place
-(LayerScale, QK-norm and register tokens included), without changing its state dict keys.
+The algorithm is ``timm_recursive.layers.token_fusion``, the attention, block and
+``apply_token_fusion(model, ...)`` (the same on any timm ``VisionTransformer`` instance, in place)
+``timm_recursive.layers.token_fusion_patch``, laid out as ToMe's (Bolya et al. 2023) are. The
+registered names keep their published spelling, ``deit_{t,s,b}_tokenfuse``.
 """
-import contextlib
 import functools
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-from torch import nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import Attention, register_notrace_module
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
-from timm.models.vision_transformer import Block, VisionTransformer
+from timm.models.vision_transformer import VisionTransformer
 
-from timm_recursive.layers import ClsRowAttention, TokenFusion, token_sources
+from timm_recursive.layers import (
+    DEFAULT_IMPORTANCE_SCORE, TokenFusionBlock, apply_token_fusion, record_token_fusion, recorded_reductions,
+    token_sources)
 
 from ._vit_builder import create_vit_model, vit_cfg
 
-__all__ = ['TokenFusionBlock', 'TokenFusionVisionTransformer', 'apply_token_fusion', 'record_token_fusion',
-           'recorded_reductions']
-
-
-@register_notrace_module  # its token count depends on the data: a leaf for FX
-class TokenFusionBlock(Block):
-    """timm ``Block`` that reduces its tokens between the attention and the MLP (where EViT does).
-
-    Made by ``apply_token_fusion`` from a ``Block`` (same parameters); ``fusion`` and
-    ``num_prefix_tokens`` are set there.
-    """
-
-    def forward(
-            self,
-            x: torch.Tensor,
-            attn_mask: Optional[torch.Tensor] = None,
-            is_causal: bool = False,
-    ) -> torch.Tensor:
-        if attn_mask is not None or is_causal:
-            raise ValueError('token fusion changes the token count: attention masks are not supported')
-        attn_out, cls_row = self.attn.forward_with_cls_row(self.norm1(x), self.fusion.importance_score)
-        x = x + self.drop_path1(self.ls1(attn_out))
-        x = self.fusion(x, cls_row[:, self.num_prefix_tokens:], self.num_prefix_tokens)
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-
-
-def apply_token_fusion(
-        model: VisionTransformer,
-        keep_rate: float = 0.7,
-        reduction_blocks: Sequence[int] = (3, 6, 9),
-        num_fused_tokens: int = 4,
-        knn: int = 5,
-        mode: str = 'both',
-        importance_score: str = 'cls_query',
-) -> VisionTransformer:
-    """Make ``model`` (a timm ``VisionTransformer``) reduce its tokens after the attention of ``reduction_blocks``.
-
-    In place, parameters and state dict keys unchanged; calling it again reconfigures the model
-    (blocks no longer listed become plain ``Block``s). ``reduction_blocks`` count from 0.
-
-    Raises:
-        ValueError: ``keep_rate`` outside (0, 1], block indices out of range, an unknown ``mode`` or
-            ``importance_score`` (``timm_recursive.layers.TokenFusion``).
-        TypeError: not a ``VisionTransformer`` with a [CLS] token, or a reduction block that is not
-            timm's ``Block`` with timm's ``Attention``.
-    """
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(f'token fusion needs a timm VisionTransformer, got {type(model).__name__}')
-    if getattr(model, 'cls_token', None) is None:
-        raise TypeError(f'token fusion ranks tokens by the [CLS] attention row: {type(model).__name__} has no class token')
-    depth = len(model.blocks)
-    reduction_blocks = sorted(set(int(i) for i in reduction_blocks))
-    if any(not 0 <= i < depth for i in reduction_blocks):
-        raise ValueError(f'reduction_blocks must be block indices in [0, {depth}) (counting from 0), got {reduction_blocks}')
-    TokenFusion(keep_rate, num_fused_tokens, knn, mode, importance_score)  # validates the arguments before anything changes
-    for i in reduction_blocks:
-        block = model.blocks[i]
-        if type(block) not in (Block, TokenFusionBlock) or type(block.attn) not in (Attention, ClsRowAttention):
-            raise TypeError(
-                f'block {i} is a {type(block).__name__} with {type(block.attn).__name__}; token fusion patches '
-                'timm Block with timm Attention only')
-    for i, block in enumerate(model.blocks):
-        if i in reduction_blocks:
-            # same parameters: swapping the classes keeps the modules and their state dict keys
-            block.__class__ = TokenFusionBlock
-            block.attn.__class__ = ClsRowAttention
-            block.fusion = TokenFusion(keep_rate, num_fused_tokens, knn, mode, importance_score)
-            block.num_prefix_tokens = model.num_prefix_tokens
-        elif isinstance(block, TokenFusionBlock):
-            del block.fusion
-            block.__class__ = Block
-            block.attn.__class__ = Attention
-    return model
-
-
-@contextlib.contextmanager
-def record_token_fusion(model: nn.Module) -> Iterator[List[TokenFusion]]:
-    """Within the block, every ``TokenFusion`` of ``model`` keeps its last reduction in ``last_record``.
-
-    Yields the fusion modules in forward order; recording is off again afterwards (it costs
-    nothing when off).
-    """
-    fusions = [m for m in model.modules() if isinstance(m, TokenFusion)]
-    for fusion in fusions:
-        fusion.record, fusion.last_record = True, {}
-    try:
-        yield fusions
-    finally:
-        for fusion in fusions:
-            fusion.record = False
-
-
-def recorded_reductions(model: nn.Module) -> Dict[int, Dict[str, torch.Tensor]]:
-    """The last record of every token fusion block of ``model`` that reduced its tokens, by block index."""
-    return {i: block.fusion.last_record for i, block in enumerate(model.blocks)
-            if isinstance(block, TokenFusionBlock) and block.fusion.last_record}
+# apply_token_fusion, record_token_fusion and recorded_reductions are part of this module's API too
+__all__ = ['TokenFusionVisionTransformer', 'apply_token_fusion', 'record_token_fusion', 'recorded_reductions']
 
 
 class TokenFusionVisionTransformer(VisionTransformer):
@@ -134,7 +42,7 @@ class TokenFusionVisionTransformer(VisionTransformer):
         keep_rate: fraction of the patch tokens kept at each reduction, in (0, 1] (1: the plain ViT).
         reduction_blocks: blocks (counting from 0) after whose attention tokens are reduced.
         num_fused_tokens: tokens the inattentive ones are merged into at each reduction (4: chosen by
-            accuracy at an equal token budget, ``benchmarks/tokenfuse_ablation.py``).
+            accuracy at an equal token budget in the token fusion ablation).
         knn: neighbours that define the clustering density.
         mode: ``'both'`` (importance and diversity), ``'importance'`` (EViT: the inattentive tokens
             fused into one) or ``'diversity'`` (every patch token clustered).
@@ -150,7 +58,7 @@ class TokenFusionVisionTransformer(VisionTransformer):
             num_fused_tokens: int = 4,
             knn: int = 5,
             mode: str = 'both',
-            importance_score: str = 'cls_query',
+            importance_score: str = DEFAULT_IMPORTANCE_SCORE,
             **kwargs,
     ):
         for name in ('block_fn', 'attn_layer'):

@@ -1,4 +1,5 @@
-"""Token decoupling and fusion: the layer's arithmetic, the DeiT models, the helper on other timm ViTs, errors."""
+"""Token fusion: the algorithm's arithmetic, the DeiT models, apply_token_fusion on other timm ViTs, errors."""
+import inspect
 import json
 import math
 
@@ -10,8 +11,8 @@ import timm
 import timm_recursive  # noqa: F401
 from timm.models.vision_transformer import Block, VisionTransformer
 from timm_recursive.layers import (
-    FUSION_MODES, ClsRowAttention, TokenFusion, TokenFusionObjective, density_peak_clusters, fusion_objective_terms,
-    token_sources, weighted_cluster_means)
+    DEFAULT_IMPORTANCE_SCORE, FUSION_MODES, ClsRowAttention, TokenFusion, TokenFusionObjective, density_peak_clusters,
+    fusion_objective_terms, token_sources, weighted_cluster_means)
 from timm_recursive.models import TokenFusionVisionTransformer, apply_token_fusion, record_token_fusion
 
 SMALL = dict(img_size=96)  # a 6x6 patch grid keeps the tests fast
@@ -340,6 +341,14 @@ def test_cls_query_score_is_the_full_width_softmax_of_the_source():
         timm.create_model('deit_t_tokenfuse', mode='evit')
     with pytest.raises(ValueError, match='importance score must be one of'):
         TokenFusion(importance_score='max')
+
+
+def test_one_default_importance_score_the_sources():
+    assert DEFAULT_IMPORTANCE_SCORE == 'cls_query'
+    for fn in (TokenFusion, apply_token_fusion, TokenFusionVisionTransformer, ClsRowAttention.forward_with_cls_row):
+        assert inspect.signature(fn).parameters['importance_score' if fn is not ClsRowAttention.forward_with_cls_row
+                                                else 'score'].default == DEFAULT_IMPORTANCE_SCORE
+    assert timm.create_model('deit_t_tokenfuse', img_size=32).blocks[3].fusion.importance_score == 'cls_query'
 
 
 def test_importance_loss_is_the_attention_mass_left_to_fusion():

@@ -1,0 +1,180 @@
+"""The model card of each model family: its template in ``templates/`` and the facts only that family's card needs.
+
+A family is found from the model's class (``card_family``), never from its name. Each family's
+``context`` reads the architecture from the model and the training facts from the run's own
+``args.json``, ``summary.json`` and ``metrics.jsonl``; the shared facts (recipe, results, usage) are
+``cards.py``'s.
+
+The source documents (in Portuguese) the cards name by title:
+
+- recursive classifiers: "Resumo Técnico: Atenção Esparsa Dinâmica e Mistura de Especialistas para
+  Classificação Visual Iterativa";
+- entmax ViTs: "Resumo Técnico: Vision Transformers Precisam de Interação de Tokens Mais Eficaz";
+- token-fusion DeiTs: "Para Além dos Tokens Atentos: Vision Transformers Eficientes com Importância
+  e Diversidade de Tokens".
+"""
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Tuple
+
+from torch import nn
+
+from timm_recursive.layers import DynamicSparseAttention, TokenFusionBlock
+from timm_recursive.models import EntmaxVisionTransformer, RecursiveClassifier, TokenFusionVisionTransformer
+from timm_recursive.models._pretrained import PROJECT_URL
+
+from .runs import HubError
+
+__all__ = ['CARD_TEMPLATES', 'CardFamily', 'FAMILIES', 'card_family', 'dataset_name']
+
+CARD_TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'templates')
+
+
+@dataclass(frozen=True)
+class CardFamily:
+    """How to write the card of one model family.
+
+    Args:
+        template: file name in ``CARD_TEMPLATES`` (``string.Template`` placeholders).
+        context: ``(model, run, record) -> {placeholder: text}``, the family's own facts.
+        tags: ``model -> Hub tags`` beyond the common ones.
+        recipe_keys: training arguments shown in the recipe table only for this family.
+    """
+    template: str
+    context: Callable[[nn.Module, Dict, Dict], Dict[str, str]]
+    tags: Callable[[nn.Module], List[str]]
+    recipe_keys: Tuple[str, ...] = ()
+
+
+def dataset_name(run: Dict) -> str:
+    """The dataset's name as the card shows it: the last part of the run's dataset argument (never a local path)."""
+    return os.path.basename(os.path.normpath(run['summary']['dataset']))
+
+
+RECURSIVE_VARIANTS = {
+    ('dense', 'mlp'): ('SA-MLP', 'dense multi-head attention, dense MLP of hidden 4d'),
+    ('dense', 'moe'): ('SA-MoE', 'dense multi-head attention, Mixture-of-Experts FFN'),
+    ('dsa', 'moe'): ('DSA-MoE', 'Dynamic Sparse Attention, Mixture-of-Experts FFN'),
+    ('dsa', 'mlp'): ('DSA-MLP', 'Dynamic Sparse Attention, dense MLP'),
+}
+
+
+def _recursive_kind(model: RecursiveClassifier) -> Tuple[str, str]:
+    block = model.blocks[0]
+    return ('dsa' if isinstance(block.attn, DynamicSparseAttention) else 'dense',
+            'moe' if block.moe is not None else 'mlp')
+
+
+def _recursive_context(model: RecursiveClassifier, run: Dict, record: Dict) -> Dict[str, str]:
+    from timm_recursive.analysis.efficiency import active_params, format_table
+    from timm_recursive.efficiency import build_reports
+
+    args = run['args']
+    arch = model.pretrained_cfg['architecture']
+    kind = _recursive_kind(model)
+    variant, description = RECURSIVE_VARIANTS[kind]
+    # the efficiency table: this model after the SA-MLP of the same size (its arguments with dense attention and MLP)
+    kwargs = run['summary'].get('model_kwargs') or {}
+    size_args = [f'{k}={v}' for k, v in sorted(kwargs.items()) if k in ('num_steps', 'topk')]
+    specs = [f'{arch}:' + ','.join(['attn=dense', 'ffn=mlp', *size_args])]
+    if kind != ('dense', 'mlp'):
+        specs.append(f'{arch}:' + ','.join(size_args) if size_args else arch)
+    top1 = record['eval_top1_per_step']
+    objective = 'deep supervision over all steps (`{}` step weights)'.format(args.get('step_weighting', 'uniform'))
+    if model.num_moe_blocks:
+        objective += f' plus {args.get("aux_loss_coef")} x the MoE load-balancing loss'
+    return {
+        'variant': variant,
+        'variant_description': description,
+        'num_steps': str(model.num_steps),
+        'grad_window': str(model.grad_window),
+        'embed_dim': str(model.embed_dim),
+        'depth': str(len(model.blocks)),
+        'encoder_chans': '/'.join(str(s[0].out_channels) for s in model.stages),
+        'params_active': f'{active_params(model) / 1e6:.2f}M',
+        'objective': objective,
+        'first_step_top1': f'{top1[0]:.2f}',
+        'step_gain': f'{top1[-1] - top1[0]:+.2f}',
+        'efficiency_specs': ' '.join(specs),
+        'efficiency_table': format_table(build_reports(specs)),
+    }
+
+
+def _recursive_tags(model: RecursiveClassifier) -> List[str]:
+    return ['recursive-classifier', RECURSIVE_VARIANTS[_recursive_kind(model)][0].lower()]
+
+
+def _vit_context(model) -> Dict[str, str]:
+    """Architecture figures shared by the ViT-based families (entmax ViTs, token-fusion DeiTs)."""
+    return {
+        'embed_dim': str(model.embed_dim),
+        'depth': str(len(model.blocks)),
+        'num_heads': str(model.blocks[0].attn.num_heads),
+        'patch_size': 'x'.join(str(p) for p in model.patch_embed.patch_size),
+    }
+
+
+def _entmax_context(model: EntmaxVisionTransformer, run: Dict, record: Dict) -> Dict[str, str]:
+    alpha = f'{model.alpha:g}'
+    return {
+        **_vit_context(model),
+        'summary': (f'A Vision Transformer whose attention is normalised by **entmax-{alpha}** instead of softmax, '
+                    f'from [timm-recursive]({PROJECT_URL}), trained on **{dataset_name(run)}**. Entmax gives exact '
+                    'zeros to low-scoring query-key pairs: sparse attention maps with no new parameters, no '
+                    'register tokens and global connectivity kept.'),
+        'architecture_description': (
+            f'with `EntmaxAttention` (alpha = {alpha}; 1 is softmax, 2 sparsemax) in every block. The parameters '
+            'are exactly those of the softmax ViT of the same size, so its checkpoints load unchanged.'),
+        'source_design': ('entmax-1.5 attention for ViTs, from "Resumo Técnico: Vision Transformers Precisam de '
+                          'Interação de Tokens Mais Eficaz" (a technical summary, in Portuguese).'),
+        'runtime_note': ('The entmax-1.5 CPU kernel is compiled on first use (a C++ compiler and `ninja`; otherwise a '
+                         'slower tensor-level solver runs). `torch.onnx.export`, `torch.export` and `torch.compile` '
+                         'take the tensor-level solver automatically.'),
+        'research_use': 'Research on sparse attention in Vision Transformers; a starting point to fine-tune from.',
+    }
+
+
+def _token_fusion_context(model: TokenFusionVisionTransformer, run: Dict, record: Dict) -> Dict[str, str]:
+    fusions = {i: block.fusion for i, block in enumerate(model.blocks) if isinstance(block, TokenFusionBlock)}
+    first = next(iter(fusions.values()), None)
+    blocks = ', '.join(str(i + 1) for i in fusions) or 'none'
+    counts = ' -> '.join(str(n) for n in dict.fromkeys(
+        [model.patch_embed.num_patches + model.num_prefix_tokens, *model.token_counts()]))
+    return {
+        **_vit_context(model),
+        'summary': (f'A **token-fusion DeiT** from [timm-recursive]({PROJECT_URL}), trained on '
+                    f'**{dataset_name(run)}**. After the attention of a few blocks it keeps the patch tokens the '
+                    '[CLS] token attends to most and merges the others by clustering, so the later blocks run on '
+                    'fewer tokens.'),
+        'architecture_description': (
+            f'with token fusion after the attention of blocks {blocks} (counting from 1): the patch tokens are '
+            f'ranked by the [CLS] attention row, the top {first.keep_rate if first else 1:.0%} of them kept and the '
+            f'rest merged into {first.num_fused_tokens if first else 0} tokens by density-peak kNN clustering and '
+            f'importance-weighted means. Tokens per block: {counts}. No learnable parameters are added, so DeiT '
+            'checkpoints load unchanged.'),
+        'source_design': ('token decoupling and fusion, from "Para Além dos Tokens Atentos: Vision Transformers '
+                          'Eficientes com Importância e Diversidade de Tokens" (a technical summary, in Portuguese).'),
+        'runtime_note': ('`torch.onnx.export` and `torch.export` work (the ranking then uses a full top-k and the '
+                         'distances are spelled out); the token counts are fixed by the input size.'),
+        'research_use': 'Research on token reduction for Vision Transformers; a starting point to fine-tune from.',
+    }
+
+
+# by model class: a subclass gets its parent's card unless it is listed itself
+FAMILIES: Dict[type, CardFamily] = {
+    RecursiveClassifier: CardFamily('recursive_classifier.md', _recursive_context, _recursive_tags,
+                                    recipe_keys=('step_weighting', 'aux_loss_coef')),
+    EntmaxVisionTransformer: CardFamily('vision_transformer.md', _entmax_context,
+                                        lambda model: ['vision-transformer', 'entmax', 'sparse-attention']),
+    TokenFusionVisionTransformer: CardFamily('vision_transformer.md', _token_fusion_context,
+                                             lambda model: ['vision-transformer', 'deit', 'token-fusion']),
+}
+
+
+def card_family(model: nn.Module) -> CardFamily:
+    """The card family of ``model``, by its class."""
+    for cls in type(model).__mro__:
+        if cls in FAMILIES:
+            return FAMILIES[cls]
+    raise HubError(f'no model card for {type(model).__name__}: the card families are '
+                   f'{", ".join(sorted(cls.__name__ for cls in FAMILIES))}')
