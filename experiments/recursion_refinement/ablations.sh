@@ -25,7 +25,7 @@
 #   ABLATION_DATASET=cifar10 ABLATION_SIZE=cifar ABLATION_EPOCHS=100 ABLATION_TRAIN_SAMPLES=0 \
 #   ABLATION_EVAL_SAMPLES=0 scripts/ablations.sh runs/ablations_cifar10 1 --mixed-precision bf16 --workers 8
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-runs/ablations}
 jobs=${2:-2}
 shift $(( $# < 2 ? $# : 2 ))

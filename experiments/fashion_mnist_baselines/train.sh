@@ -4,7 +4,7 @@
 # Debian package's IDX files (or the Hub dataset). A stopped run resumes from its last saved epoch.
 # Usage: scripts/train_fashion_mnist.sh [OUTPUT_ROOT] [extra train.py arguments, e.g. --epochs 10]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-runs/fashion_mnist}
 shift || true
 for variant in dsa_moe sa_moe sa_mlp; do
