@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The README's FashionMNIST results: the three recursive variants, CPU-sized (d=128, depth 2, 8 steps),
-# one recipe (24 epochs: about an hour per variant on 2 CPU cores), trained one after the other on the
-# Debian package's IDX files (or the Hub dataset). A stopped run resumes from its last saved epoch.
-# Usage: scripts/train_fashion_mnist.sh [OUTPUT_ROOT] [extra train.py arguments, e.g. --epochs 10]
+# The FashionMNIST baselines study (experiments/fashion_mnist_baselines/README.md): the three recursive
+# variants, CPU-sized (d=128, depth 2, 8 steps), one recipe (24 epochs: about an hour per variant on 2
+# CPU cores), trained one after the other on the Debian package's IDX files (or the Hub dataset) into
+# OUTPUT_ROOT/recursive_<variant>_tiny. A stopped run resumes from its last saved epoch, so a run is
+# never lost or overwritten; the study's results/ changes only when a run's files are copied there.
+# Usage: experiments/fashion_mnist_baselines/train.sh [OUTPUT_ROOT] [extra train.py arguments, e.g. --epochs 10]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-runs/fashion_mnist}

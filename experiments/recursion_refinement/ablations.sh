@@ -14,16 +14,17 @@
 #             whole recursion, as timm's training of `forward` does) at 4 / 8 / 16 steps and with k=2
 #             (seed 0): the source does not say it uses deep supervision, and its depth and k findings
 #             compare final accuracies
-# Every run resumes from its last saved epoch; finished runs are skipped. Tables for the README:
-#   python scripts/ablation_tables.py OUTPUT_ROOT
-# Usage: scripts/ablations.sh [OUTPUT_ROOT] [PARALLEL_RUNS] [extra train.py arguments]
+# Every run resumes from its last saved epoch; finished runs are skipped, so a run is never lost or
+# overwritten. The study's tables (tables.py) read results/<root>/<run>/: copy a finished run's
+# summary.json, metrics.jsonl and args.json there, then `python experiments/render.py`.
+# Usage: experiments/recursion_refinement/ablations.sh [OUTPUT_ROOT] [PARALLEL_RUNS] [extra train.py arguments]
 # Other scales through the environment: ABLATION_DATASET (fashion_mnist | mnist | cifar10 | cifar100,
 # the Hub datasets or, for the MNISTs, IDX files), ABLATION_SIZE (tiny | cifar: d=512, depth 4),
 # ABLATION_EPOCHS (4), ABLATION_TRAIN_SAMPLES (6000; 0 = all), ABLATION_EVAL_SAMPLES (5000; 0 = all),
 # ABLATION_THREADS (1 per run), ABLATION_ONLY (space-separated run names, e.g. "dsa_moe/seed0
 # dsa_moe_k2": only these). With a GPU and the network, the source's scale on CIFAR-10:
 #   ABLATION_DATASET=cifar10 ABLATION_SIZE=cifar ABLATION_EPOCHS=100 ABLATION_TRAIN_SAMPLES=0 \
-#   ABLATION_EVAL_SAMPLES=0 scripts/ablations.sh runs/ablations_cifar10 1 --mixed-precision bf16 --workers 8
+#   ABLATION_EVAL_SAMPLES=0 experiments/recursion_refinement/ablations.sh runs/ablations_cifar10 1 --mixed-precision bf16 --workers 8
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-runs/ablations}
