@@ -51,6 +51,22 @@ def per_step_table(runs: List[dict]) -> str:
                           + [f't={t}' for t in range(1, steps + 1)] + ['step 1 -> last (points)'], rows)
 
 
+def last_epoch_table(runs: List[dict]) -> str:
+    """The final step at the last epoch of every run whose training record was kept."""
+    rows = []
+    for run in runs:
+        summary = run['summary']
+        if summary is not None:
+            final = summary['final']
+            rows.append([run['label'], final['epoch'], f'{final["eval_top1"]:.2f}', f'{final["eval_top5"]:.2f}',
+                         f'{final["train_images_per_s"]:.0f}', f'{final["eval_images_per_s"]:.0f}',
+                         f'{final["wall_time_s"] / 60:.1f}', summary.get('hardware', 'not recorded')])
+    if not rows:
+        return 'No training record (`summary.json`) was kept: see "Not reproducible from this repository".'
+    return markdown_table(['model', 'epochs', 'test top-1 (%)', 'test top-5 (%)', 'train images/s', 'eval images/s',
+                           'wall time (min)', 'hardware'], rows)
+
+
 def changes_table(runs: List[dict]) -> str:
     rows = [[run['label'], run['epochs'], f'{100 * sum(run["trace"]["changed"]) / len(run["trace"]["changed"]):.2f}',
              f'{100 * sum(run["trace"]["corrections"]):.2f}', f'{100 * sum(run["trace"]["regressions"]):.2f}']
@@ -111,6 +127,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     top1, _, weights = per_step(reference)
     return {
         'per_step': per_step_table(runs),
+        'last_epoch': last_epoch_table(runs),
         'changes': changes_table(runs),
         'attention': attention_table(runs),
         'sparsity': sparsity_table(runs),

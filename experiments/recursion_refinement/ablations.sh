@@ -60,9 +60,8 @@ export out dataset size
 export subset_args="${subset[*]}"
 export extra_args="${extra[*]:-}"
 
-mkdir -p "$out"
 # most informative first: the three variants' seed 0, the k and depth ablations, then more seeds
-{
+runs=$({
     for seed in 0; do for v in dsa_moe sa_mlp sa_moe; do echo "${v}/seed${seed} $v $seed"; done; done
     echo "dsa_moe_k2 dsa_moe 0 topk=2"
     echo "dsa_moe_steps4 dsa_moe 0 num_steps=4"
@@ -78,5 +77,12 @@ mkdir -p "$out"
     echo "dsa_moe_last_steps4 dsa_moe 0 num_steps=4 grad_window=3 -- --step-weighting last"
     echo "dsa_moe_last_steps8 dsa_moe 0 num_steps=8 grad_window=7 -- --step-weighting last"
     echo "dsa_moe_last_k2 dsa_moe 0 topk=2 grad_window=15 -- --step-weighting last"
-} | if [ -n "${ABLATION_ONLY:-}" ]; then grep -E "^($(tr ' ' '|' <<< "$ABLATION_ONLY")) " || true; else cat; fi \
-  | xargs -P "$jobs" -L 1 bash -c 'extra=($extra_args); subset=($subset_args); run "$@"' _
+})
+if [ -n "${ABLATION_ONLY:-}" ]; then
+    for name in $ABLATION_ONLY; do
+        grep -q "^$name " <<< "$runs" || { echo "error: ABLATION_ONLY names no run of this script: $name" >&2; exit 2; }
+    done
+    runs=$(grep -E "^($(tr ' ' '|' <<< "$ABLATION_ONLY")) " <<< "$runs")
+fi
+mkdir -p "$out"
+xargs -P "$jobs" -L 1 bash -c 'extra=($extra_args); subset=($subset_args); run "$@"' _ <<< "$runs"
