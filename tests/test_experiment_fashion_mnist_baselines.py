@@ -43,7 +43,7 @@ def test_recipes_are_ordered_by_epochs_and_dense_models_have_no_routing_or_spars
     _copy_kept_run('24_epochs', tmp_path, '24_epochs', 'recursive_dsa_moe_tiny')
     _copy_kept_run('10_epochs', tmp_path, '10_epochs', 'recursive_sa_mlp_tiny')
     pieces = tables.tables(tmp_path)
-    rows = [line for line in pieces['per_step'].splitlines()[2:]]
+    rows = pieces['per_step'].splitlines()[2:]
     assert rows[0].startswith('| SA-MLP | 10 |') and rows[1].startswith('| DSA-MoE | 24 |')
     assert 'SA-MLP' not in pieces['expert_load'] and 'SA-MLP' not in pieces['sparsity']
 

@@ -70,7 +70,7 @@ def test_budget_and_objective_tables_set_the_rows_beside_their_references(tmp_pa
     _write_summary(tmp_path, 'dsa_moe_last_k2', 0, [12.0] * 15 + [77.0])
     (tmp_path / 'ablations' / 'dsa_moe_k2' / 'summary.json').unlink()  # its deep-supervised run is missing
     missing = []
-    budget = tables.budget_table(tmp_path, (('dsa_moe/seed0', 'k = 6', 16, 6), ('dsa_moe_k2', 'k = 2', 16, 2)),
+    budget = tables.sparsity_table(tmp_path, (('dsa_moe/seed0', 'k = 6', 16, 6), ('dsa_moe_k2', 'k = 2', 16, 2)),
                                  'k', 'attention budget', missing)
     assert '| k = 6 | 78.00 | 78.00 | 35.8 |' in budget and 'k = 2' not in budget
     objective = tables.objective_table(tmp_path, missing)

@@ -114,7 +114,7 @@ def variant_tables(results: pathlib.Path, missing: Missing) -> Tuple[str, str]:
     return summary, per_step
 
 
-def budget_table(results: pathlib.Path, specs, column: str, table: str, missing: Missing) -> str:
+def sparsity_table(results: pathlib.Path, specs, column: str, table: str, missing: Missing) -> str:
     def row(run, label, num_steps, topk):
         return [label, f'{run["per_step"][-1]:.2f}', f'{run["per_step"][0]:.2f}',
                 f'{100 * mean_sparsity(num_steps, topk):.1f}']
@@ -234,9 +234,9 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     pieces = {
         'variants': variants,
         'variant_steps': variant_steps,
-        'budget_k': budget_table(results, ((REFERENCE, 'k = 6', 16, 6), ('dsa_moe_k2', 'k = 2', 16, 2)),
+        'budget_k': sparsity_table(results, ((REFERENCE, 'k = 6', 16, 6), ('dsa_moe_k2', 'k = 2', 16, 2)),
                                  'k', 'attention budget', missing),
-        'depth': budget_table(results, (('dsa_moe_steps4', '4 steps', 4, 6), ('dsa_moe_steps8', '8 steps', 8, 6),
+        'depth': sparsity_table(results, (('dsa_moe_steps4', '4 steps', 4, 6), ('dsa_moe_steps8', '8 steps', 8, 6),
                                         (REFERENCE, '16 steps', 16, 6)), 'steps', 'recursion depth', missing),
         'gradient': gradient_table(results, missing),
         'levers': lever_table(results, missing),
