@@ -16,8 +16,8 @@ help:
 	@echo "make demo    train a recursive DSA-MoE on digits, show it step by step, reload it (installs first)"
 	@echo "make test    create the environment and run every test"
 	@echo "make bench   training-speed benchmark of SA-MLP, SA-MoE, DSA-MoE (slow, not a test)"
-	@echo "make fashion-mnist  the README's FashionMNIST results: three variants, 24 epochs (about 3 h on 2 CPU cores)"
-	@echo "make ablations      the source's ablations on a FashionMNIST subset (variants x 3 seeds, k, depth, gradient path; about 2 h on 2 CPU cores)"
+	@echo "make fashion-mnist  experiments/fashion_mnist_baselines: three variants, 24 epochs (about 3 h on 2 CPU cores)"
+	@echo "make ablations      experiments/recursion_refinement: the source's ablations on a FashionMNIST subset (variants x 3 seeds, k, depth, gradient path; about 2 h on 2 CPU cores)"
 	@echo "make hub-folders    publish-ready Hub folders and model_cards/ of the ablations' seed-0 runs and the demo's"
 
 $(STAMP): pyproject.toml
@@ -48,14 +48,13 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/recursive_train_speed.py
 
-# the FashionMNIST IDX files come from the Hub or Debian's dataset-fashion-mnist package
+# the FashionMNIST IDX files come from the Hub or Debian's dataset-fashion-mnist package; a stopped run resumes
 fashion-mnist: $(STAMP)
-	scripts/train_fashion_mnist.sh runs/fashion_mnist
+	experiments/fashion_mnist_baselines/train.sh runs/fashion_mnist
 
-# the README's ablation tables; a stopped run resumes, finished ones are skipped
+# a stopped run resumes, finished ones are skipped; the study's README says how a run is kept in its results/
 ablations: $(STAMP)
-	scripts/ablations.sh runs/ablations
-	$(PY) scripts/ablation_tables.py runs/ablations
+	experiments/recursion_refinement/ablations.sh runs/ablations
 
 # Hub folders (runs/*/hub/) and model_cards/*.md of the runs above (after `make demo` and scripts/ablations.sh)
 hub-folders: $(STAMP)

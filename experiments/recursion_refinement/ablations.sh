@@ -14,18 +14,19 @@
 #             whole recursion, as timm's training of `forward` does) at 4 / 8 / 16 steps and with k=2
 #             (seed 0): the source does not say it uses deep supervision, and its depth and k findings
 #             compare final accuracies
-# Every run resumes from its last saved epoch; finished runs are skipped. Tables for the README:
-#   python scripts/ablation_tables.py OUTPUT_ROOT
-# Usage: scripts/ablations.sh [OUTPUT_ROOT] [PARALLEL_RUNS] [extra train.py arguments]
+# Every run resumes from its last saved epoch; finished runs are skipped, so a run is never lost or
+# overwritten. The study's tables (tables.py) read results/<root>/<run>/: copy a finished run's
+# summary.json, metrics.jsonl and args.json there, then `python experiments/render.py`.
+# Usage: experiments/recursion_refinement/ablations.sh [OUTPUT_ROOT] [PARALLEL_RUNS] [extra train.py arguments]
 # Other scales through the environment: ABLATION_DATASET (fashion_mnist | mnist | cifar10 | cifar100,
 # the Hub datasets or, for the MNISTs, IDX files), ABLATION_SIZE (tiny | cifar: d=512, depth 4),
 # ABLATION_EPOCHS (4), ABLATION_TRAIN_SAMPLES (6000; 0 = all), ABLATION_EVAL_SAMPLES (5000; 0 = all),
 # ABLATION_THREADS (1 per run), ABLATION_ONLY (space-separated run names, e.g. "dsa_moe/seed0
 # dsa_moe_k2": only these). With a GPU and the network, the source's scale on CIFAR-10:
 #   ABLATION_DATASET=cifar10 ABLATION_SIZE=cifar ABLATION_EPOCHS=100 ABLATION_TRAIN_SAMPLES=0 \
-#   ABLATION_EVAL_SAMPLES=0 scripts/ablations.sh runs/ablations_cifar10 1 --mixed-precision bf16 --workers 8
+#   ABLATION_EVAL_SAMPLES=0 experiments/recursion_refinement/ablations.sh runs/ablations_cifar10 1 --mixed-precision bf16 --workers 8
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-runs/ablations}
 jobs=${2:-2}
 shift $(( $# < 2 ? $# : 2 ))
@@ -59,9 +60,8 @@ export out dataset size
 export subset_args="${subset[*]}"
 export extra_args="${extra[*]:-}"
 
-mkdir -p "$out"
 # most informative first: the three variants' seed 0, the k and depth ablations, then more seeds
-{
+runs=$({
     for seed in 0; do for v in dsa_moe sa_mlp sa_moe; do echo "${v}/seed${seed} $v $seed"; done; done
     echo "dsa_moe_k2 dsa_moe 0 topk=2"
     echo "dsa_moe_steps4 dsa_moe 0 num_steps=4"
@@ -77,5 +77,12 @@ mkdir -p "$out"
     echo "dsa_moe_last_steps4 dsa_moe 0 num_steps=4 grad_window=3 -- --step-weighting last"
     echo "dsa_moe_last_steps8 dsa_moe 0 num_steps=8 grad_window=7 -- --step-weighting last"
     echo "dsa_moe_last_k2 dsa_moe 0 topk=2 grad_window=15 -- --step-weighting last"
-} | if [ -n "${ABLATION_ONLY:-}" ]; then grep -E "^($(tr ' ' '|' <<< "$ABLATION_ONLY")) " || true; else cat; fi \
-  | xargs -P "$jobs" -L 1 bash -c 'extra=($extra_args); subset=($subset_args); run "$@"' _
+})
+if [ -n "${ABLATION_ONLY:-}" ]; then
+    for name in $ABLATION_ONLY; do
+        grep -q "^$name " <<< "$runs" || { echo "error: ABLATION_ONLY names no run of this script: $name" >&2; exit 2; }
+    done
+    runs=$(grep -E "^($(tr ' ' '|' <<< "$ABLATION_ONLY")) " <<< "$runs")
+fi
+mkdir -p "$out"
+xargs -P "$jobs" -L 1 bash -c 'extra=($extra_args); subset=($subset_args); run "$@"' _ <<< "$runs"

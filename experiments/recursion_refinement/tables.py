@@ -1,0 +1,253 @@
+"""The recursion-refinement study's tables, generated from its ``results/`` (never typed by hand).
+
+``results/`` mirrors the output roots of ``ablations.sh``: ``results/<root>/<run>/`` holds what was
+kept of that run, any of
+
+- ``summary.json``, ``metrics.jsonl``, ``args.json``: the training record (last epoch: no selection
+  on the test split);
+- ``report/trace.json``: ``python -m timm_recursive.report`` on the run's exported model;
+- ``summary_probe.json``, ``interventions.json``: the two analysis commands on the exported model.
+
+Each table takes a run's per-step top-1 from the first of these that exists. A row whose run has
+none is left out of its table and listed by ``not_reproducible`` with the command that would make it.
+"""
+import json
+import pathlib
+import statistics
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from timm_recursive.analysis.generated_markdown import markdown_table, pct
+from timm_recursive.analysis.recursion_interventions import comparison_table
+from timm_recursive.analysis.recursion_trace import paired_gain
+from timm_recursive.layers.sparse_attention import sparse_attention_sparsity
+
+RECIPE_ROOT = 'ablations'  # the 6,000-image, 4-epoch recipe of ablations.sh
+FULL_DATA_ROOT = 'ablations_full4'
+SOURCE_SIZE_ROOT = 'ablations_source_size'
+VARIANTS = (('sa_mlp', 'SA-MLP'), ('sa_moe', 'SA-MoE'), ('dsa_moe', 'DSA-MoE'))
+SEEDS = (0, 1, 2)
+REFERENCE = 'dsa_moe/seed0'
+
+Missing = List[Tuple[str, str]]  # (run name, what it measures)
+
+
+def _read_json(path: pathlib.Path) -> Optional[dict]:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def load_run(results: pathlib.Path, name: str, root: str = RECIPE_ROOT) -> Optional[dict]:
+    """What was kept of one run: ``per_step`` top-1 (%), ``eval_images``, ``first_to_last`` (percent
+    corrected, regressed from step 1 to the last, or None), ``weights`` (which weights were measured)
+    and the training record's ``summary`` (or None); None when nothing was kept."""
+    folder = results / root / name
+    summary = _read_json(folder / 'summary.json')
+    if summary is not None and summary.get('final'):
+        final = summary['final']
+        return dict(per_step=final['eval_top1_per_step'], eval_images=summary['eval_images'],
+                    first_to_last=final.get('eval_first_to_last'), weights='last epoch', summary=summary)
+    trace = _read_json(folder / 'report' / 'trace.json')
+    if trace is not None:
+        first_to_last = trace.get('first_to_last')
+        return dict(per_step=[100 * a for a in trace['accuracy']], eval_images=trace['num_images'],
+                    first_to_last=None if first_to_last is None else [100 * v for v in first_to_last],
+                    weights='exported model', summary=None)
+    for analysis in ('summary_probe.json', 'interventions.json'):
+        result = _read_json(folder / analysis)
+        if result is not None:
+            return dict(per_step=result['step_top1'], eval_images=result['eval_images'], first_to_last=None,
+                        weights='exported model', summary=None)
+    return None
+
+
+def gain_with_interval(run: dict) -> str:
+    """Last-step minus step-1 top-1 (points), with its paired 95% interval where the run recorded one."""
+    per_step = run['per_step']
+    if run['first_to_last'] is None:
+        return f'{per_step[-1] - per_step[0]:+.2f}'
+    corrected, regressed = (v / 100 for v in run['first_to_last'])
+    gain, half_width = paired_gain(corrected, regressed, run['eval_images'])
+    return f'{100 * gain:+.2f} ({100 * (gain - half_width):+.2f} to {100 * (gain + half_width):+.2f})'
+
+
+def mean_sparsity(num_steps: int, topk: int) -> float:
+    """Mean over steps t = 1..T of DSA's analytic sparsity at sequence length t + 2."""
+    return statistics.mean(sparse_attention_sparsity(t + 2, topk) for t in range(1, num_steps + 1))
+
+
+def run_rows(results: pathlib.Path, specs: Sequence[tuple], format_row: Callable[..., list],
+             table: str, missing: Missing) -> List[list]:
+    """One row per kept run: ``format_row(run, *details)`` for each ``(name, label, *details)``."""
+    rows = []
+    for name, label, *details in specs:
+        run = load_run(results, name)
+        if run is None:
+            missing.append((name, f'{table}: {label}'))
+        else:
+            rows.append(format_row(run, label, *details))
+    return rows
+
+
+def variant_tables(results: pathlib.Path, missing: Missing) -> Tuple[str, str]:
+    rows, curves = [], {}
+    for key, label in VARIANTS:
+        runs = {}
+        for seed in SEEDS:
+            run = load_run(results, f'{key}/seed{seed}')
+            if run is None:
+                missing.append((f'{key}/seed{seed}', f'variants over seeds: {label}, seed {seed}'))
+            else:
+                runs[seed] = run
+        if not runs:
+            continue
+        finals = [r['per_step'][-1] for r in runs.values()]
+        curve = [statistics.mean(v) for v in zip(*(r['per_step'] for r in runs.values()))]
+        curves[label] = curve
+        spread = f'{statistics.mean(finals):.2f} ± {statistics.stdev(finals):.2f}' if len(finals) > 1 \
+            else f'{finals[0]:.2f} (1 seed)'
+        rows.append([label, spread, ', '.join(f'{runs[s]["per_step"][-1]:.2f} (seed {s})' for s in sorted(runs)),
+                     f'{curve[0]:.2f}', f'{curve[-1] - curve[0]:+.2f}'])
+    summary = markdown_table(['variant', 'final-step top-1 (%), mean ± std', 'per seed', 'step-1 top-1 (%), mean',
+                              'gain step 1 -> 16 (points)'], rows)
+    steps = max(len(c) for c in curves.values())
+    per_step = markdown_table(['variant (mean over its seeds)'] + [f't={t}' for t in range(1, steps + 1)],
+                              [[label] + [f'{a:.2f}' for a in curve] for label, curve in curves.items()])
+    return summary, per_step
+
+
+def sparsity_table(results: pathlib.Path, specs, column: str, table: str, missing: Missing) -> str:
+    def row(run, label, num_steps, topk):
+        return [label, f'{run["per_step"][-1]:.2f}', f'{run["per_step"][0]:.2f}',
+                f'{100 * mean_sparsity(num_steps, topk):.1f}']
+    return markdown_table([column, 'final-step top-1 (%)', 'step-1 top-1 (%)', 'mean DSA sparsity (%), analytic'],
+                          run_rows(results, specs, row, table, missing))
+
+
+def gradient_table(results: pathlib.Path, missing: Missing) -> str:
+    def row(run, label):
+        per_step = run['per_step']
+        best = max(range(len(per_step)), key=per_step.__getitem__)
+        return [label, f'{per_step[-1]:.2f}', f'{per_step[0]:.2f}', f'{per_step[1]:.2f}',
+                f'{best + 1} ({per_step[best]:.2f})', gain_with_interval(run)]
+    specs = ((REFERENCE, '`grad_window=1` (default), uniform (default)'),
+             ('dsa_moe_window0', '`grad_window=0` (detached), uniform'),
+             ('dsa_moe_linear', '`grad_window=1`, linear'),
+             ('dsa_moe_window0_linear', '`grad_window=0`, linear'))
+    return markdown_table(['gradient path, step weights', 'final-step top-1 (%)', 'step-1 top-1 (%)',
+                           'step-2 top-1 (%)', 'best step (top-1 %)', 'gain step 1 -> 16, points (95% CI)'],
+                          run_rows(results, specs, row, 'gradient path and step weights', missing))
+
+
+def lever_table(results: pathlib.Path, missing: Missing) -> str:
+    def row(run, label):
+        per_step = run['per_step']
+        return [label, len(per_step), f'{per_step[-1]:.2f}', f'{per_step[0]:.2f}',
+                gain_with_interval(run) if len(per_step) > 1 else '-']
+    specs = ((REFERENCE, 'reference: depth 2, hard hypothesis'), ('dsa_moe_steps1', 'one step (no recursion)'),
+             ('dsa_moe_depth1', 'depth 1 (half the per-step capacity)'),
+             ('dsa_moe_soft', 'soft hypothesis (`y_embed=soft`)'))
+    return markdown_table(['design', 'steps', 'final-step top-1 (%)', 'step-1 top-1 (%)',
+                           'gain step 1 -> last, points (95% CI)'],
+                          run_rows(results, specs, row, 'design levers', missing))
+
+
+def objective_table(results: pathlib.Path, missing: Missing) -> str:
+    def row(run, label, deep_supervised, num_steps, topk):
+        other = load_run(results, deep_supervised)
+        if other is None:
+            missing.append((deep_supervised, f'training objective: {label}, deep supervision'))
+        return [num_steps, topk, f'{run["per_step"][-1]:.2f}', pct(other and other['per_step'][-1]),
+                f'{run["per_step"][0]:.2f}']
+    specs = (('dsa_moe_steps1', '1 step', 'dsa_moe_steps1', 1, 6),
+             ('dsa_moe_last_steps4', '4 steps, final step only', 'dsa_moe_steps4', 4, 6),
+             ('dsa_moe_last_steps8', '8 steps, final step only', 'dsa_moe_steps8', 8, 6),
+             ('dsa_moe_last', '16 steps, final step only', REFERENCE, 16, 6),
+             ('dsa_moe_last_k2', '16 steps k=2, final step only', 'dsa_moe_k2', 16, 2))
+    return markdown_table(['steps', 'k', 'final-step top-1, trained on the final step (%)',
+                           'final-step top-1, deep supervision (%)', 'step-1 top-1, trained on the final step (%)'],
+                          run_rows(results, specs, row, 'training objective', missing))
+
+
+def scale_table(results: pathlib.Path) -> str:
+    """The reference DSA-MoE on the short recipe, on ten times the data, and at the source's size."""
+    rows = []
+    for root, label in ((RECIPE_ROOT, 'tiny (d=128, depth 2), 6,000 training images'),
+                        (FULL_DATA_ROOT, 'tiny (d=128, depth 2), all 60,000 training images'),
+                        (SOURCE_SIZE_ROOT, "source's size (d=512, depth 4), 6,000 training images")):
+        run = load_run(results, REFERENCE, root)
+        summary = run['summary']
+        provenance = 'not recorded' if summary is None else \
+            f'{summary["hardware"]}, {summary["final"]["wall_time_s"] / 60:.0f} min'
+        rows.append([label, run['eval_images'], f'{run["per_step"][0]:.2f}', f'{run["per_step"][-1]:.2f}',
+                     gain_with_interval(run), run['weights'], provenance])
+    return markdown_table(['model, training set', 'test images', 'step-1 top-1 (%)', 'step-16 top-1 (%)',
+                           'gain step 1 -> 16, points (95% CI)', 'weights measured', 'hardware, training time'],
+                          rows)
+
+
+def epochs_table(results: pathlib.Path, root: str) -> str:
+    """Step-1 and last-step top-1 at every epoch of a kept training record."""
+    records = [json.loads(line) for line in (results / root / REFERENCE / 'metrics.jsonl').read_text().splitlines()
+               if line.strip()]
+    return markdown_table(['epoch', 'step-1 top-1 (%)', 'step-16 top-1 (%)', 'step 1 -> 16 (points)'],
+                          [[r['epoch'], f'{r["eval_top1_per_step"][0]:.2f}', f'{r["eval_top1_per_step"][-1]:.2f}',
+                            f'{r["eval_top1_per_step"][-1] - r["eval_top1_per_step"][0]:+.2f}'] for r in records])
+
+
+PROBED = ((RECIPE_ROOT, REFERENCE), (RECIPE_ROOT, 'dsa_moe_steps1'), (RECIPE_ROOT, 'sa_mlp/seed0'),
+          (FULL_DATA_ROOT, REFERENCE), (SOURCE_SIZE_ROOT, REFERENCE))
+INTERVENED = ((RECIPE_ROOT, REFERENCE), (RECIPE_ROOT, 'dsa_moe_window0'), (RECIPE_ROOT, 'sa_mlp/seed0'),
+              (RECIPE_ROOT, 'dsa_moe_last'), (FULL_DATA_ROOT, REFERENCE), (SOURCE_SIZE_ROOT, REFERENCE))
+
+
+def probe_table(results: pathlib.Path) -> str:
+    rows = []
+    for root, name in PROBED:
+        r = json.loads((results / root / name / 'summary_probe.json').read_text())
+        rows.append([f'{root}/{name}', r['train_images'], r['eval_images'],
+                     f'{r["step_top1"][0]:.2f}', f'{r["step_top1"][-1]:.2f}',
+                     f'{r["linear_probe_top1"]:.2f}', f'{r["mlp_probe_top1"]:.2f}',
+                     f'{r["step_train_top1"][-1]:.2f}', f'{r["linear_probe_train_top1"]:.2f}'])
+    return markdown_table(['run', 'probe training images', 'test images', 'step-1 top-1 (%)', 'last-step top-1 (%)',
+                           'linear probe on the summary (%)', 'MLP probe on the summary (%)',
+                           'training images: last-step top-1 (%)', 'training images: linear probe (%)'], rows)
+
+
+def intervention_table(results: pathlib.Path) -> str:
+    runs = {}
+    for root, name in INTERVENED:
+        result = json.loads((results / root / name / 'interventions.json').read_text())
+        runs[f'{root}/{name} ({result["eval_images"]} images)'] = result
+    return comparison_table(runs)
+
+
+def not_reproducible(missing: Missing) -> str:
+    """A Markdown list of the runs no table could show, each once, with its name in ablations.sh."""
+    first_reason: Dict[str, str] = {}
+    for name, what in missing:
+        first_reason.setdefault(name, what)
+    return '\n'.join(f'- {what} (`{name}`)' for name, what in first_reason.items())
+
+
+def tables(results: pathlib.Path) -> Dict[str, str]:
+    missing: Missing = []
+    variants, variant_steps = variant_tables(results, missing)
+    pieces = {
+        'variants': variants,
+        'variant_steps': variant_steps,
+        'budget_k': sparsity_table(results, ((REFERENCE, 'k = 6', 16, 6), ('dsa_moe_k2', 'k = 2', 16, 2)),
+                                 'k', 'attention budget', missing),
+        'depth': sparsity_table(results, (('dsa_moe_steps4', '4 steps', 4, 6), ('dsa_moe_steps8', '8 steps', 8, 6),
+                                        (REFERENCE, '16 steps', 16, 6)), 'steps', 'recursion depth', missing),
+        'gradient': gradient_table(results, missing),
+        'levers': lever_table(results, missing),
+        'objective': objective_table(results, missing),
+        'scale': scale_table(results),
+        'full_data_epochs': epochs_table(results, FULL_DATA_ROOT),
+        'summary_probes': probe_table(results),
+        'interventions': intervention_table(results),
+    }
+    pieces['not_reproducible'] = not_reproducible(missing)
+    reference = load_run(results, REFERENCE)['per_step']
+    pieces['headline'] = (f'{reference[-1]:.2f}% at step 16 vs {reference[0]:.2f}% at step 1 '
+                          f'(FashionMNIST, tiny DSA-MoE, 6,000 training images)')
+    return pieces

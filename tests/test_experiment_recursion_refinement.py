@@ -1,0 +1,128 @@
+"""experiments/recursion_refinement/tables.py: the study's tables from the JSON kept in its results/."""
+import importlib.util
+import json
+import pathlib
+import os
+import statistics
+import subprocess
+
+import pytest
+
+STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'recursion_refinement'
+
+
+def _load_tables_module():
+    spec = importlib.util.spec_from_file_location('recursion_refinement_tables', STUDY / 'tables.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tables = _load_tables_module()
+
+
+def _write_summary(results, name, seed, per_step, root='ablations', first_to_last=None):
+    folder = results / root / name
+    folder.mkdir(parents=True)
+    final = {'eval_top1': per_step[-1], 'eval_top1_per_step': per_step}
+    if first_to_last is not None:
+        final['eval_first_to_last'] = first_to_last
+    (folder / 'summary.json').write_text(json.dumps({'seed': seed, 'eval_images': 5000, 'final': final}))
+
+
+def test_variant_table_takes_mean_and_std_over_kept_seeds_and_lists_the_rest(tmp_path):
+    finals = {0: 80.0, 1: 81.0, 2: 83.0}
+    for seed, final in finals.items():
+        _write_summary(tmp_path, f'dsa_moe/seed{seed}', seed, [final - 1.0] * 15 + [final])
+    missing = []
+    summary, per_step = tables.variant_tables(tmp_path, missing)
+    mean, std = statistics.mean(finals.values()), statistics.stdev(finals.values())
+    assert f'| DSA-MoE | {mean:.2f} ± {std:.2f} |' in summary
+    assert '| +1.00 |' in summary  # gain from step 1 to step 16
+    assert 'SA-MLP' not in summary and '| DSA-MoE | 80.33 |' in per_step
+    listed = tables.not_reproducible(missing)
+    assert '(`sa_mlp/seed0`)' in listed and '(`sa_moe/seed2`)' in listed and 'dsa_moe/seed1' not in listed
+
+
+def test_a_run_is_read_from_its_training_record_first_then_its_analyses(tmp_path):
+    folder = tmp_path / 'ablations' / 'dsa_moe_k2'
+    folder.mkdir(parents=True)
+    (folder / 'interventions.json').write_text(json.dumps({'step_top1': [70.0, 71.0], 'eval_images': 5000}))
+    run = tables.load_run(tmp_path, 'dsa_moe_k2')
+    assert run['per_step'] == [70.0, 71.0] and run['weights'] == 'exported model' and run['first_to_last'] is None
+    (folder / 'report').mkdir()
+    (folder / 'report' / 'trace.json').write_text(json.dumps(
+        {'accuracy': [0.7, 0.72], 'num_images': 5000, 'first_to_last': [0.03, 0.01]}))
+    run = tables.load_run(tmp_path, 'dsa_moe_k2')
+    assert run['per_step'] == pytest.approx([70.0, 72.0]) and run['first_to_last'] == pytest.approx([3.0, 1.0])
+    (folder / 'summary.json').write_text(json.dumps(
+        {'eval_images': 5000, 'final': {'eval_top1_per_step': [75.0, 76.0], 'eval_first_to_last': [2.0, 1.0]}}))
+    run = tables.load_run(tmp_path, 'dsa_moe_k2')
+    assert run['per_step'] == [75.0, 76.0] and run['weights'] == 'last epoch'
+    assert tables.gain_with_interval(run).startswith('+1.00 (')
+    assert tables.load_run(tmp_path, 'dsa_moe_soft') is None
+
+
+def test_budget_and_objective_tables_set_the_rows_beside_their_references(tmp_path):
+    _write_summary(tmp_path, 'dsa_moe/seed0', 0, [78.0] * 16)
+    _write_summary(tmp_path, 'dsa_moe_k2', 0, [70.0] * 16)
+    _write_summary(tmp_path, 'dsa_moe_last', 0, [10.0] * 15 + [79.5])
+    _write_summary(tmp_path, 'dsa_moe_last_k2', 0, [12.0] * 15 + [77.0])
+    (tmp_path / 'ablations' / 'dsa_moe_k2' / 'summary.json').unlink()  # its deep-supervised run is missing
+    missing = []
+    budget = tables.sparsity_table(tmp_path, (('dsa_moe/seed0', 'k = 6', 16, 6), ('dsa_moe_k2', 'k = 2', 16, 2)),
+                                 'k', 'attention budget', missing)
+    assert '| k = 6 | 78.00 | 78.00 | 35.8 |' in budget and 'k = 2' not in budget
+    objective = tables.objective_table(tmp_path, missing)
+    assert '| 16 | 6 | 79.50 | 78.00 | 10.00 |' in objective
+    assert '| 16 | 2 | 77.00 | — | 12.00 |' in objective
+    assert '- attention budget: k = 2 (`dsa_moe_k2`)' in tables.not_reproducible(missing).splitlines()
+
+
+def test_mean_sparsity_matches_the_source():
+    assert tables.mean_sparsity(16, 6) == pytest.approx(0.358, abs=5e-4)
+    assert tables.mean_sparsity(16, 2) == pytest.approx(0.751, abs=5e-4)
+
+
+def test_the_kept_analyses_of_one_run_agree_on_its_accuracy():
+    """The report, summary probe and interventions of a run measured the same exported model: on the
+    same test images, their per-step top-1 must agree (a misplaced file would not)."""
+    results = STUDY / 'results'
+    compared = 0
+    for folder in {p.parent for p in results.rglob('*.json')} - {p for p in results.rglob('report')}:
+        found = {}
+        trace = folder / 'report' / 'trace.json'
+        if trace.exists():
+            data = json.loads(trace.read_text())
+            found['report'] = (data['num_images'], [round(100 * a, 2) for a in data['accuracy']])
+        for name in ('summary_probe.json', 'interventions.json'):
+            if (folder / name).exists():
+                data = json.loads((folder / name).read_text())
+                found[name] = (data['eval_images'], data['step_top1'])
+        by_images = {}
+        for images, per_step in found.values():
+            by_images.setdefault(images, []).append(per_step)
+        for curves in by_images.values():
+            compared += len(curves) - 1
+            assert all(curve == pytest.approx(curves[0]) for curve in curves), folder
+    assert compared >= 3
+
+
+def test_every_piece_is_generated_from_the_kept_results():
+    pieces = tables.tables(STUDY / 'results')
+    assert pieces['headline'].startswith('78.10% at step 16 vs 78.26% at step 1')
+    assert '\n' not in pieces['headline']
+    assert '| source\'s size (d=512, depth 4), 6,000 training images | 5000 | 82.28 | 82.42 |' in pieces['scale']
+
+
+def test_the_script_skips_finished_runs_and_refuses_an_unknown_one(tmp_path):
+    for name in ('dsa_moe/seed0', 'dsa_moe_k2'):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / 'summary.json').write_text('{}')
+    command = ['bash', str(STUDY / 'ablations.sh'), str(tmp_path), '2']
+    done = subprocess.run(command, env={**os.environ, 'ABLATION_ONLY': 'dsa_moe/seed0 dsa_moe_k2'},
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and sorted(done.stdout.split('\n')[:2]) == ['done: dsa_moe/seed0', 'done: dsa_moe_k2']
+    unknown = subprocess.run(command, env={**os.environ, 'ABLATION_ONLY': 'dsa_moe/seed9'}, capture_output=True, text=True)
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == 'error: ABLATION_ONLY names no run of this script: dsa_moe/seed9'
