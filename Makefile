@@ -56,7 +56,7 @@ fashion-mnist: $(STAMP)
 ablations: $(STAMP)
 	experiments/recursion_refinement/ablations.sh runs/ablations
 
-# Hub folders (runs/*/hub/) and model_cards/*.md of the runs above (after `make demo` and scripts/ablations.sh)
+# Hub folders (runs/*/hub/) and model_cards/*.md of the runs above (after `make demo` and experiments/recursion_refinement/ablations.sh)
 hub-folders: $(STAMP)
 	scripts/hub_folders.sh
 

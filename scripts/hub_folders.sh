@@ -2,7 +2,7 @@
 # Publish-ready Hub folders (weights, config.json, model card) of the models trained in this repo,
 # and their rendered cards copied to model_cards/: the FashionMNIST variants complete under ROOT
 # (ROOT/recursive_<variant>_tiny as `make fashion-mnist` lays them out, or ROOT/<variant>/seed0 as
-# scripts/ablations.sh does; default runs/ablations) and the demo's run (`make demo`).
+# experiments/recursion_refinement/ablations.sh does; default runs/ablations) and the demo's run (`make demo`).
 # Repo ids are HUB_ORG/<arch>.<tag> (HUB_ORG from timm_recursive.hub, the one place it is defined).
 # Usage: scripts/hub_folders.sh [ROOT]
 # Upload one with: python train_scripts/push_to_hub.py RUN --repo-id ORG/NAME --weights ...
