@@ -347,7 +347,7 @@ def test_summary_probe_command(tmp_path, capsys):
 def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
     from timm_recursive.analysis.recursion_interventions import (
         INTERVENTIONS, _replacement, edited_step_logits)
-    from timm_recursive.analysis.recursion_trace import ROLE_SLOTS
+    from timm_recursive.models.recursive_classifier import ROLE_SLOTS
     torch.manual_seed(0)
     model = _tiny(num_steps=2, in_chans=1)
     images, labels = torch.randn(4, 1, 16, 16), torch.tensor([0, 1, 2, 3])
