@@ -1,5 +1,9 @@
 """A report on what a recursive classifier does step by step: ``python -m timm_recursive.report``.
 
+The analysis of internal trajectories that the technical summary "Atenção Esparsa Dinâmica e Mistura
+de Especialistas para Classificação Visual Iterativa" lists among its contributions: accuracy per
+step, token-role interactions, the dense-to-sparse crossover of its attention, expert routing.
+
     python -m timm_recursive.report --checkpoint runs/demo --dataset digits --out reports/demo
     python -m timm_recursive.report --model recursive_dsa_moe_tiny.fashion_mnist --pretrained \\
         --dataset fashion_mnist --out reports/fm

@@ -1,5 +1,10 @@
 """Where the deep-supervision gradient goes inside a recursive classifier.
 
+Deep supervision, a loss on every recursion step, is the training of the Tiny Recursive Model
+(Jolicoeur-Martineau, 2025, "Less is More: Recursive Reasoning with Tiny Networks") that the
+recursive classifier follows; ``grad_window`` (see ``timm_recursive.models.recursive_classifier``)
+sets how far back through the history each step's loss reaches.
+
 ``latent_gradients(model, images, labels)`` runs ``forward_steps`` once with the model's
 ``grad_window`` and reports, as plain lists:
 

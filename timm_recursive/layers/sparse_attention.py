@@ -8,8 +8,8 @@ longer than ``topk`` every key is selected and the layer is exactly dense multi-
 Write-Head is All You Need") with the same weights, so sparsity sets in only once a sequence grows
 past the budget: ``sparse_attention_sparsity`` is the fraction of keys skipped. Selecting keys with a
 separate light scorer before attending is also the design of DeepSeek-V3.2's sparse attention (its
-"lightning indexer"), which the source does not cite; the indexer here is the source's, one bilinear
-score of the mean query and the shared key.
+"lightning indexer"), which the summary does not mention; the indexer here is the summary's, one
+bilinear score of the mean query and the shared key.
 
 Gradient to the indexer: top-k selection is not differentiable, so the attention probability of
 every selected key is multiplied by a straight-through gate ``1 + sigmoid(s) - stop_grad(sigmoid(s))``

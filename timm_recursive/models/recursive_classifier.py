@@ -3,9 +3,10 @@
 A recursive visual classifier that revises a class hypothesis over ``num_steps`` steps against a
 growing history of latent states, as the technical summary "Atenção Esparsa Dinâmica e Mistura de
 Especialistas para Classificação Visual Iterativa" (Dynamic Sparse Attention and Mixture of Experts
-for Iterative Visual Classification) describes it. Its x/y/z recurrence and per-step (deep)
-supervision come from the Tiny Recursive Model (Jolicoeur-Martineau, 2025, "Less is More: Recursive
-Reasoning with Tiny Networks"), here with a visual summary in place of a token sequence.
+for Iterative Visual Classification) describes it. The x/y/z recurrence is the summary's adaptation
+to image embeddings of the Tiny Recursive Model's (TRM: Jolicoeur-Martineau, 2025, "Less is More:
+Recursive Reasoning with Tiny Networks"); ``forward_steps`` gives every step's logits for TRM's deep
+supervision (a loss on every step).
 
 Three streams feed one shared transformer (the same weights at every step):
 
