@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from timm_recursive.layers import (
-    DynamicSparseAttention, MixtureOfExperts, expert_counts, load_balancing_loss, router_z_loss,
+    DynamicSparseAttention, MixtureOfExperts, attention_map, expert_counts, load_balancing_loss, router_z_loss,
     sparse_attention_sparsity,
 )
 
@@ -57,6 +57,29 @@ def test_dsa_attends_exactly_to_the_indexer_top_k():
     assert chosen.shape == (2, 9, 3)
     torch.testing.assert_close(chosen, _reference_indexer_topk(attn, x))
     torch.testing.assert_close(attn(x), _reference_sparse_attention(attn, x, chosen), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('seq_len', [4, 9])
+def test_dsa_hook_points_show_the_attention_it_applies(seq_len):
+    torch.manual_seed(0)
+    attn = DynamicSparseAttention(64, num_heads=4, topk=6).eval()
+    x = torch.randn(2, seq_len, 64)
+    seen = {}
+    attn.key_select.register_forward_hook(lambda module, inputs, output: seen.setdefault('keys', inputs[0]))
+    attn.attn_drop.register_forward_hook(lambda module, inputs, output: seen.setdefault('probs', inputs[0]))
+    attn(x)
+    n = min(6, seq_len)
+    assert seen['keys'].shape == (2, seq_len, n) and seen['probs'].shape == (2, seq_len, 4, n)
+    chosen = attn.select(x)
+    torch.testing.assert_close(seen['keys'].sort(-1).values, chosen.sort(-1).values)
+    # the full map: each head's softmax over the selected keys, zero elsewhere
+    q, k, _ = _qkv(attn, x)
+    logits = (q @ k.unsqueeze(1).transpose(-2, -1)) * attn.head_dim ** -0.5  # (B, H, L, L)
+    keep = torch.zeros(2, seq_len, seq_len, dtype=torch.bool).scatter(-1, chosen, True)
+    expected = logits.masked_fill(~keep.unsqueeze(1), float('-inf')).softmax(-1).transpose(1, 2)
+    torch.testing.assert_close(attention_map(seen['probs'], seen['keys']), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match='do not match'):
+        attention_map(seen['probs'], seen['keys'][..., :1])
 
 
 def test_dsa_values_reach_only_the_queries_that_selected_them():

@@ -61,18 +61,23 @@ def test_shapes_and_steps(attn, ffn, num_steps):
 
 
 def test_history_grows_by_one_latent_per_step():
+    from timm_recursive.models.recursive_classifier import (
+        ROLE_SLOTS, ROLES, sequence_length, step_of_length, token_roles)
     model = _tiny(num_steps=5)
     lengths = []
     model.blocks[0].register_forward_pre_hook(lambda m, inp: lengths.append(inp[0].shape[1]))
     model(torch.randn(1, 3, 32, 32))
-    assert lengths == [3, 4, 5, 6, 7]
+    assert lengths == [3, 4, 5, 6, 7] == [sequence_length(t) for t in range(1, 6)]
+    assert [step_of_length(L) for L in lengths] == [1, 2, 3, 4, 5]
+    roles = token_roles(5)
+    assert roles.tolist() == [0, 1, 2, 2, 2]
+    assert all((roles[ROLE_SLOTS[role]] == index).all() for index, role in enumerate(ROLES))
 
 
 def test_dsa_turns_sparse_once_history_exceeds_topk():
     model = _tiny(num_steps=8, topk=4)
     selected = []
-    model.blocks[0].attn.register_forward_hook(
-        lambda m, inp, out: selected.append(m.select(inp[0]).shape[-1]))
+    model.blocks[0].attn.key_select.register_forward_hook(lambda m, inp, out: selected.append(inp[0].shape[-1]))
     model(torch.randn(2, 3, 32, 32))
     assert selected == [3, 4, 4, 4, 4, 4, 4, 4]  # L_t = t + 2 keys until L_t > k
 
@@ -347,7 +352,7 @@ def test_summary_probe_command(tmp_path, capsys):
 def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
     from timm_recursive.analysis.recursion_interventions import (
         INTERVENTIONS, _replacement, edited_step_logits)
-    from timm_recursive.analysis.recursion_trace import ROLE_SLOTS
+    from timm_recursive.models.recursive_classifier import ROLE_SLOTS
     torch.manual_seed(0)
     model = _tiny(num_steps=2, in_chans=1)
     images, labels = torch.randn(4, 1, 16, 16), torch.tensor([0, 1, 2, 3])

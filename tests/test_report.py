@@ -30,10 +30,15 @@ def _trace(model, batches=2):
 @pytest.mark.parametrize('name', ['recursive_dsa_moe_tiny', 'recursive_sa_mlp_tiny'])
 def test_tracing_changes_no_output_and_costs_nothing_after(name):
     model = _model(name)
+    fused = [getattr(block.attn, 'fused_attn', None) for block in model.blocks]
     plain, traced, trace, _ = _trace(model)
     for a, b in zip(plain, traced):
-        assert torch.equal(a, b)
+        if name.startswith('recursive_dsa'):
+            assert torch.equal(a, b)  # the trace reads what the forward computes anyway
+        else:  # dense layers run timm's unfused attention while traced: the same up to rounding
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert all(not m._forward_hooks for m in model.modules())  # hooks removed on exit
+    assert [getattr(block.attn, 'fused_attn', None) for block in model.blocks] == fused  # kernels restored
     assert trace.num_images == 12 and trace.num_steps == 7 and len(trace.accuracy) == 7
 
 

@@ -69,21 +69,30 @@ def test_convert_any_timm_vit_in_place_keeps_keys():
         convert_to_entmax(model, 2.5)
 
 
-def test_sparsity_is_reported_when_asked():
+def test_attention_probabilities_pass_through_attn_drop():
     torch.manual_seed(0)
     model = timm.create_model('vit_tiny_entmax', **SMALL).eval()
     attn = model.blocks[0].attn
-    model(torch.randn(1, 3, 64, 64))
-    assert attn.last_sparsity == {}  # costs nothing unless asked
-    attn.track_sparsity = True
+    seen = []
+    attn.attn_drop.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
+    x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
-        model.blocks[0].attn.qkv.weight.mul_(20.)  # peaked scores: many exact zeros
-        model(torch.randn(2, 3, 64, 64))
-    stats = attn.last_sparsity
-    n = 17  # 16 patches + [CLS]
-    assert int(stats['seq_len']) == n and 0 < float(stats['zero_fraction']) < 1
-    assert stats['support_per_row'].shape == (3,) and (stats['support_per_row'] <= n).all()
-    assert float(stats['zero_fraction']) == pytest.approx(1 - float(stats['support_per_row'].mean()) / n, abs=1e-6)
+        attn.qkv.weight.mul_(20.)  # peaked scores: many exact zeros
+        attn.fused_attn = False
+        model(x)
+        n = 17  # 16 patches + [CLS]
+        probs = seen.pop()
+        assert probs.shape == (2, 3, n, n) and torch.allclose(probs.sum(-1), torch.ones(2, 3, n))
+        assert 0 < float((probs == 0).float().mean()) < 1
+        # softmax (alpha=1) runs the fused kernel unless fused_attn is off, as in timm's Attention
+        convert_to_entmax(model, 1.0)
+        attn.fused_attn = True
+        fused = model(x)
+        assert seen == []
+        attn.fused_attn = False
+        unfused = model(x)
+    assert len(seen) == 1 and seen[0].shape == (2, 3, n, n) and torch.allclose(seen[0].sum(-1), torch.ones(2, 3, n))
+    torch.testing.assert_close(fused, unfused, rtol=1e-4, atol=1e-5)
 
 
 def test_bf16_forward_backward_is_finite():
@@ -144,7 +153,7 @@ def test_cuda_runs_adasplash_kernel_when_installed(monkeypatch):
     with torch.no_grad():
         fused = attn(x)
         assert calls == [(1.5, False, True)]
-        attn.track_sparsity = True  # needs the probabilities: the unfused path
+        attn.fused_attn = False  # the probabilities are wanted: the unfused path
         unfused = attn(x)
     assert len(calls) == 1
     torch.testing.assert_close(fused, unfused)

@@ -1,5 +1,9 @@
 """A report on what a recursive classifier does step by step: ``python -m timm_recursive.report``.
 
+The analysis of internal trajectories that the technical summary "Atenção Esparsa Dinâmica e Mistura
+de Especialistas para Classificação Visual Iterativa" lists among its contributions: accuracy per
+step, token-role interactions, the dense-to-sparse crossover of its attention, expert routing.
+
     python -m timm_recursive.report --checkpoint runs/demo --dataset digits --out reports/demo
     python -m timm_recursive.report --model recursive_dsa_moe_tiny.fashion_mnist --pretrained \\
         --dataset fashion_mnist --out reports/fm
@@ -23,7 +27,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from timm_recursive.analysis.recursion_trace import ROLES, RecursionTrace, RecursionTracer, paired_gain
+from timm_recursive.analysis.recursion_trace import RecursionTrace, RecursionTracer, paired_gain
+from timm_recursive.models.recursive_classifier import (
+    HISTORY, HYPOTHESIS, ROLES, SUMMARY, sequence_length, step_of_length)
 
 __all__ = ['trace_dataset', 'write_report']
 
@@ -63,8 +69,8 @@ def _shown_steps(num_steps: int, most: int = 8) -> List[int]:
 
 
 def _crossover_step(trace: RecursionTrace) -> Optional[int]:
-    """First step whose sequence (t + 2 tokens) is longer than DSA's k: from there attention is sparse."""
-    return None if trace.topk is None else max(1, trace.topk - 1)
+    """First step whose sequence is longer than DSA's k: from there attention is sparse."""
+    return None if trace.topk is None else max(1, step_of_length(trace.topk + 1))
 
 
 def plot_accuracy(trace: RecursionTrace, path: str) -> None:
@@ -111,12 +117,12 @@ def plot_role_attention(trace: RecursionTrace, path: str) -> None:
             ax = axes[layer][col]
             mass = np.asarray(trace.role_attention[layer][step - 1])
             ax.imshow(mass, vmin=0, vmax=1, cmap='viridis')
-            for q in range(3):
-                for k in range(3):
+            for q in range(len(ROLES)):
+                for k in range(len(ROLES)):
                     ax.text(k, q, f'{mass[q, k]:.2f}', ha='center', va='center', fontsize=7,
                             color='white' if mass[q, k] < .6 else 'black')
-            ax.set_xticks(range(3), [r[:4] for r in ROLES], fontsize=7)
-            ax.set_yticks(range(3), [r[:4] for r in ROLES] if col == 0 else [], fontsize=7)
+            ax.set_xticks(range(len(ROLES)), [r[:4] for r in ROLES], fontsize=7)
+            ax.set_yticks(range(len(ROLES)), [r[:4] for r in ROLES] if col == 0 else [], fontsize=7)
             ax.set_title(f'layer {layer}, step {step}', fontsize=8)
     fig.suptitle('attention mass: query role (rows) -> key role (columns)', fontsize=9)
     _save(fig, path)
@@ -127,11 +133,11 @@ def plot_expert_routing(trace: RecursionTrace, path: str) -> bool:
     if not moe_layers:
         return False
     plt = _plt()
-    fig, axes = plt.subplots(len(moe_layers), 3, figsize=(10, 2.2 * len(moe_layers) + 0.6), squeeze=False,
+    fig, axes = plt.subplots(len(moe_layers), len(ROLES), figsize=(10, 2.2 * len(moe_layers) + 0.6), squeeze=False,
                              layout='constrained')
     for row, layer in enumerate(moe_layers):
         share = np.asarray(trace.expert_share[layer])  # (T, role, E)
-        for role in range(3):
+        for role in range(len(ROLES)):
             ax = axes[row][role]
             # a token fills experts_per_token slots with distinct experts: one expert's share is at most 1/m
             image = ax.imshow(share[:, role, :].T, vmin=0, vmax=share.max(), cmap='magma', aspect='auto',
@@ -178,7 +184,7 @@ def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: boo
             f'{100 * trace.changed[t - 1]:.2f}',
             f'{100 * trace.corrections[t - 1]:.2f}' if trace.corrections else '-',
             f'{100 * trace.regressions[t - 1]:.2f}' if trace.regressions else '-']
-        lines.append(f'| {t + 1} | {t + 3} | {acc} | {100 * trace.confidence[t]:.2f} | ' + ' | '.join(changes) + ' |')
+        lines.append(f'| {t + 1} | {sequence_length(t + 1)} | {acc} | {100 * trace.confidence[t]:.2f} | ' + ' | '.join(changes) + ' |')
     if trace.corrections:
         lines += ['', f'Over all steps: {100 * sum(trace.corrections):.2f}% corrections, '
                       f'{100 * sum(trace.regressions):.2f}% regressions, {100 * sum(trace.wrong_to_wrong):.2f}% '
@@ -194,9 +200,10 @@ def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: boo
     last = trace.num_steps - 1
     for layer in range(trace.num_layers):
         mass = np.asarray(trace.role_attention[layer][last])
-        lines.append(f'- layer {layer}, last step: the hypothesis query gives {100 * mass[1, 0]:.1f}% of its '
-                     f'attention to the summary, {100 * mass[1, 1]:.1f}% to itself, {100 * mass[1, 2]:.1f}% '
-                     f'to the history; measured sparsity {100 * trace.attention_sparsity[layer][last]:.1f}% '
+        hypothesis = mass[HYPOTHESIS]
+        lines.append(f'- layer {layer}, last step: the hypothesis query gives {100 * hypothesis[SUMMARY]:.1f}% of its '
+                     f'attention to the summary, {100 * hypothesis[HYPOTHESIS]:.1f}% to itself, '
+                     f'{100 * hypothesis[HISTORY]:.1f}% to the history; measured sparsity {100 * trace.attention_sparsity[layer][last]:.1f}% '
                      f'(analytic {100 * trace.analytic_sparsity[last]:.1f}%).')
     lines += ['', '![sparsity](sparsity_per_step.png)', '', '![role attention](role_attention.png)', '']
     if has_routing:
@@ -206,11 +213,11 @@ def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: boo
                 continue
             load = np.asarray(trace.expert_load[layer])  # (T, E)
             share = np.asarray(trace.expert_share[layer])  # (T, role, E)
-            favourite = [int(share[:, r, :].mean(0).argmax()) for r in range(3)]
+            favourite = [int(share[:, r, :].mean(0).argmax()) for r in range(len(ROLES))]
             lines.append(f'- layer {layer}: expert load over steps from {100 * load.min():.1f}% to '
                          f'{100 * load.max():.1f}% (uniform: {100 / load.shape[1]:.1f}%); mean balance loss '
                          f'{np.mean(trace.balance_loss[layer]):.3f}; most used expert per role: '
-                         + ', '.join(f'{ROLES[r]} {favourite[r]}' for r in range(3)) + '.')
+                         + ', '.join(f'{role} {expert}' for role, expert in zip(ROLES, favourite)) + '.')
         lines += ['', '![expert routing](expert_routing.png)', '']
     else:
         lines += ['## Expert routing', '', 'No MoE layer: `expert_routing.png` is not written.', '']

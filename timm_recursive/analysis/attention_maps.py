@@ -1,12 +1,14 @@
 """What entmax attention does inside a ViT: sparsity per layer and head, and PCA maps of patch features.
 
-``attention_sparsity(model, images)`` switches on the sparsity statistics of every
-``EntmaxAttention`` for one forward and returns, per layer and per head, the fraction of exact zeros
-in the attention maps and the mean support (keys kept) per query.
+``attention_sparsity(model, images)`` reads the probabilities of every ``EntmaxAttention`` during one
+forward (forward hooks on their ``attn_drop``, fused kernels off meanwhile: the convention of
+``timm_recursive.layers``) and returns, per layer and per head, the fraction of exact zeros in the
+attention maps and the mean support (keys kept) per query.
 
 ``pca_feature_maps(model, images)`` projects the final patch features of a batch on their first three
 principal components (fitted on all patches of the batch together) and returns them as RGB maps on
-the patch grid, the picture the source uses to show cleaner features.
+the patch grid, the picture "Vision Transformers Need Better Token Interaction" uses to show
+cleaner, spatially coherent features.
 
 ``python -m timm_recursive.analysis.attention_maps --model vit_small_entmax --out DIR`` writes
 ``sparsity.json``, ``sparsity.png`` (layer x head heatmap) and ``pca_<i>.png`` (image | map).
@@ -16,7 +18,7 @@ per backbone side by side (e.g. the DINO backbones of ``train_scripts/train_dino
 import argparse
 import json
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -44,23 +46,33 @@ def attention_sparsity(model: nn.Module, images: torch.Tensor) -> Dict[str, list
     query), ``seq_len`` and ``alpha`` (per layer).
     """
     layers = _entmax_layers(model)
-    was_training = model.training
+    support: List[Optional[torch.Tensor]] = [None] * len(layers)  # keys kept per query, (B, heads, N)
+
+    def keep_support(index: int):
+        def hook(module, inputs, output):
+            support[index] = (inputs[0] > 0).sum(-1).float()  # the input: the probabilities before dropout
+        return hook
+
+    was_training, fused = model.training, [layer.fused_attn for layer in layers]
+    handles = [layer.attn_drop.register_forward_hook(keep_support(i)) for i, layer in enumerate(layers)]
     model.eval()
     for layer in layers:
-        layer.track_sparsity, layer.last_sparsity = True, {}
+        layer.fused_attn = False  # the fused kernels return no probabilities
     try:
         model(images)
     finally:
-        for layer in layers:
-            layer.track_sparsity = False
+        for handle in handles:
+            handle.remove()
+        for layer, was_fused in zip(layers, fused):
+            layer.fused_attn = was_fused
         model.train(was_training)
-    stats = [layer.last_sparsity for layer in layers]
-    if any(not s for s in stats):  # alpha = 1 layers run the fused softmax: dense by construction
-        raise ValueError('some attention layers use softmax (alpha=1): sparsity is measured for alpha > 1 only')
+    if any(s is None for s in support):
+        raise ValueError(f'{support.count(None)} of {len(layers)} entmax attention layers did not run in the forward')
+    seq_len = support[0].shape[-1]
     return {
-        'zero_fraction': [float(s['zero_fraction']) for s in stats],
-        'support_per_head': [s['support_per_row'].tolist() for s in stats],
-        'seq_len': int(stats[0]['seq_len']),
+        'zero_fraction': [float(1. - s.mean() / seq_len) for s in support],
+        'support_per_head': [s.mean(dim=(0, 2)).tolist() for s in support],
+        'seq_len': seq_len,
         'alpha': [layer.alpha for layer in layers],
     }
 

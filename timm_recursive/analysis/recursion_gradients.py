@@ -1,5 +1,10 @@
 """Where the deep-supervision gradient goes inside a recursive classifier.
 
+Deep supervision, a loss on every recursion step, is the training of the Tiny Recursive Model
+(Jolicoeur-Martineau, 2025, "Less is More: Recursive Reasoning with Tiny Networks") that the
+recursive classifier follows; ``grad_window`` (see ``timm_recursive.models.recursive_classifier``)
+sets how far back through the history each step's loss reaches.
+
 ``latent_gradients(model, images, labels)`` runs ``forward_steps`` once with the model's
 ``grad_window`` and reports, as plain lists:
 
@@ -7,7 +12,7 @@
   the latent ``z_t`` that step t writes (t = 1 .. T - 1; step T writes none). Zero means no later
   step's loss trains what the recursion carries forward.
 * ``step_grad_norm[t]``: the norm of the gradient of step t's loss alone over all parameters, the
-  figure that exploded when every step read its whole history with gradient.
+  figure that grows with the number of gradient paths through the history (``grad_window``).
 
 ``python -m timm_recursive.analysis.recursion_gradients --model recursive_dsa_moe_tiny --windows 0 1 2 16``
 prints both for each window as JSON (random weights, or a trained run with ``--checkpoint``), on a
@@ -20,12 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from timm_recursive.models.recursive_classifier import NEW_LATENT_SLOT, RecursiveClassifier
+
 __all__ = ['latent_gradients']
 
 
 def latent_gradients(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> Dict[str, List[float]]:
     """Gradient at every written latent and per-step gradient norms; see the module docstring."""
-    from timm_recursive.models import RecursiveClassifier
     if not isinstance(model, RecursiveClassifier):
         raise TypeError(f'latent gradients need a recursive classifier, got {type(model).__name__}')
     step_outputs: List[torch.Tensor] = []
@@ -47,8 +53,8 @@ def latent_gradients(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
         step_grad_norm.append(float(torch.linalg.vector_norm(torch.stack([
             torch.linalg.vector_norm(g) for g in grads if g is not None]))))
     torch.stack(losses).mean().backward()
-    # step t's output at the last slot is the latent z_t it appends to the history
-    latent_grad = [float(out.grad[:, -1].abs().sum()) for out in step_outputs[:-1]]
+    # step t's output at NEW_LATENT_SLOT is the latent z_t it appends to the history
+    latent_grad = [float(out.grad[:, NEW_LATENT_SLOT].abs().sum()) for out in step_outputs[:-1]]
     return {'latent_grad': latent_grad, 'step_grad_norm': step_grad_norm}
 
 

@@ -33,7 +33,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from timm_recursive.analysis.recursion_trace import ROLE_SLOTS
+from timm_recursive.models.recursive_classifier import (
+    HISTORY, HYPOTHESIS, ROLE_SLOTS, RecursiveClassifier, step_of_length)
 
 __all__ = ['INTERVENTIONS', 'edited_step_logits', 'recursion_interventions']
 
@@ -56,24 +57,22 @@ def _replacement(model, name: str, tokens: torch.Tensor, labels: torch.Tensor,
     if name.endswith('other image'):
         return slots[other]
     if role == 'history':
-        return (model.z_init + model.role_embed[2]).expand_as(slots)
+        return (model.z_init + model.role_embed[HISTORY]).expand_as(slots)
     if name == 'hypothesis: initial':
         embedding = model.y_init.expand(len(tokens), -1)
     else:
         embedding = model.class_embed(labels if name == 'hypothesis: true class' else wrong)
-    return (embedding + model.role_embed[1]).unsqueeze(1)
+    return (embedding + model.role_embed[HYPOTHESIS]).unsqueeze(1)
 
 
 @torch.no_grad()
 def edited_step_logits(model, images: torch.Tensor,
                        edit: Optional[Callable[[int, torch.Tensor], torch.Tensor]]) -> torch.Tensor:
     """``forward_steps``' logits (T, B, C) with ``edit(step, tokens)`` applied to the input tokens
-    (B, step + 2, d) of every step (counted from 1)."""
-    step = [0]
+    (B, ``sequence_length(step)``, d) of every step (counted from 1)."""
 
     def pre_hook(module, args):
-        step[0] += 1
-        return (edit(step[0], args[0]),) + tuple(args[1:])
+        return (edit(step_of_length(args[0].shape[1]), args[0]),) + tuple(args[1:])
 
     handle = model.blocks[0].register_forward_pre_hook(pre_hook) if edit is not None else None
     try:
@@ -85,7 +84,6 @@ def edited_step_logits(model, images: torch.Tensor,
 
 def recursion_interventions(model: nn.Module, batches, seed: int = 0) -> Dict[str, object]:
     """Per-step top-1 of the unmodified model and the effect of every intervention (percent); see the module docstring."""
-    from timm_recursive.models import RecursiveClassifier
     if not isinstance(model, RecursiveClassifier):
         raise TypeError(f'interventions need a recursive classifier, got {type(model).__name__}')
     if model.num_steps < 2 or model.num_classes < 2:

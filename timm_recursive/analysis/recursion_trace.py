@@ -1,12 +1,15 @@
 """What happens inside a recursive classifier, step by step: a trace recorded through forward hooks.
 
 ``RecursionTracer(model)`` hooks every attention and MoE layer of a ``RecursiveClassifier`` (the
-model itself is not changed, and nothing runs while no tracer is active). Inside the ``with``
+model's weights are not changed, and nothing runs while no tracer is active). Inside the ``with``
 block, every ``forward_steps`` call adds its batch to running sums; ``tracer.record_predictions(
 step_logits, labels)`` adds the predictions; ``tracer.result()`` returns a ``RecursionTrace``.
 
-Token roles: position 0 is the image summary, 1 the hypothesis, 2.. the history (``ROLES``). Step t
-(counting from 1) runs over t + 2 tokens. What the trace holds, averaged over the traced images:
+The attention probabilities are the ones the forward applies, read where ``timm_recursive.layers``
+exposes them (the input of each attention's ``attn_drop``, with the key positions of a DSA layer from
+its ``key_select``); dense layers run timm's unfused attention while traced, which computes them.
+The token roles and the step of a sequence are the model's (``ROLES``, ``step_of_length`` in
+``timm_recursive.models.recursive_classifier``). What the trace holds, averaged over the traced images:
 
 * per step: accuracy (with labels), mean confidence (max probability), and for every step after the
   first the fraction of predictions that changed, split into corrections (wrong -> right),
@@ -32,17 +35,11 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts, ProjectedAttention
+from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts, attention_map, sparse_attention_sparsity
+from timm_recursive.models.recursive_classifier import (
+    ROLES, RecursiveClassifier, sequence_length, step_of_length, token_roles)
 
-__all__ = ['ROLES', 'ROLE_SLOTS', 'RecursionTrace', 'RecursionTracer', 'key_roles', 'paired_gain']
-
-ROLES = ('summary', 'hypothesis', 'history')
-ROLE_SLOTS = {'summary': slice(0, 1), 'hypothesis': slice(1, 2), 'history': slice(2, None)}  # positions in a step's tokens
-
-
-def key_roles(seq_len: int, device=None) -> torch.Tensor:
-    """Role index of every token position: 0 summary, 1 hypothesis, 2 history."""
-    return torch.arange(seq_len, device=device).clamp(max=2)
+__all__ = ['RecursionTrace', 'RecursionTracer', 'paired_gain']
 
 
 def paired_gain(corrected: float, regressed: float, num_images: int) -> Tuple[float, float]:
@@ -120,28 +117,10 @@ class _Sums:
         return self.sums[key] / self.counts[key].clamp_min(1)
 
 
-def _attention_probs(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The attention probabilities the layer applied to input ``x`` (B, L, C), as (B, L, heads, L)."""
-    L = x.shape[1]
-    if isinstance(module, DynamicSparseAttention):
-        q, kv, scores = module._project(x)
-        k = kv[..., :module.head_dim]
-        logits = torch.einsum('blhd,bjd->blhj', q, k) * module.scale
-        if L > module.topk:  # only the indexer's top-k keys take part in the softmax
-            keep = torch.zeros_like(scores, dtype=torch.bool).scatter(
-                -1, scores.topk(module.topk, dim=-1).indices, True)
-            logits = logits.masked_fill(~keep.unsqueeze(2), float('-inf'))
-        return logits.softmax(dim=-1)
-    # timm's Attention: its own projections, as the layers built on it compute them
-    q, k, _, _ = ProjectedAttention.project_qkv(module, x)
-    return ((q * module.scale) @ k.transpose(-2, -1)).softmax(dim=-1).transpose(1, 2)
-
-
 class RecursionTracer:
     """Records a ``RecursionTrace`` of a ``RecursiveClassifier`` through forward hooks; see the module docstring."""
 
     def __init__(self, model: nn.Module, name: str = ''):
-        from timm_recursive.models import RecursiveClassifier
         if not isinstance(model, RecursiveClassifier):
             raise TypeError(f'recursion traces need a RecursiveClassifier, got {type(model).__name__}')
         if model.num_classes == 0:
@@ -149,46 +128,59 @@ class RecursionTracer:
         self.model = model
         self.name = name or getattr(model, 'pretrained_cfg', {}).get('architecture', type(model).__name__)
         self._hooks: List = []
+        self._unfused: List[nn.Module] = []  # dense attention layers whose fused kernel the tracer turned off
+        self._key_indices: Dict[int, torch.Tensor] = {}  # layer -> the DSA key positions of its current forward
         self._attn = _Sums()  # (layer, step, what) -> sums
         self._moe = _Sums()
         self._pred = _Sums()
         self._num_images = 0
 
     # hooks ---------------------------------------------------------------------------------------
-    def _attention_hook(self, layer: int):
+    def _key_select_hook(self, layer: int):
         def hook(module, inputs, output):
-            x = inputs[0]
-            L = x.shape[1]
-            step = L - 2
-            probs = _attention_probs(module, x).float()  # (B, L, H, L)
-            roles = key_roles(L, x.device)
-            mass = torch.zeros(*probs.shape[:3], 3, device=x.device).index_add_(-1, roles, probs)  # (B, L, H, 3)
-            per_query = mass.mean(dim=(0, 2))  # (L, 3), rows sum to 1
-            query_counts = torch.bincount(roles, minlength=3).float()
-            by_role = torch.zeros(3, 3, device=x.device).index_add_(0, roles, per_query)
-            B = x.shape[0]
-            self._attn.add((layer, step, 'roles'), by_role * B, query_counts.unsqueeze(1).expand(3, 3) * B)
+            self._key_indices[layer] = inputs[0]
+        return hook
+
+    def _attention_hook(self, layer: int, sparse: bool):
+        R = len(ROLES)
+
+        def hook(module, inputs, output):
+            if sparse:  # (B, L, H, n) over the keys its key_select saw in this forward
+                probs = attention_map(inputs[0], self._key_indices.pop(layer))
+            else:  # timm's layout (B, H, L, L)
+                probs = inputs[0].transpose(1, 2)
+            probs = probs.float()  # (B, L, H, L)
+            B, L = probs.shape[:2]
+            step = step_of_length(L)
+            roles = token_roles(L, probs.device)
+            mass = torch.zeros(*probs.shape[:3], R, device=probs.device).index_add_(-1, roles, probs)  # (B, L, H, R)
+            per_query = mass.mean(dim=(0, 2))  # (L, R), rows sum to 1
+            query_counts = torch.bincount(roles, minlength=R).float()
+            by_role = torch.zeros(R, R, device=probs.device).index_add_(0, roles, per_query)
+            self._attn.add((layer, step, 'roles'), by_role * B, query_counts.unsqueeze(1).expand(R, R) * B)
             zeros = (probs == 0).float().mean(dim=-1)  # (B, L, H)
             self._attn.add((layer, step, 'sparsity'), zeros.sum(), zeros.numel())
-            if isinstance(module, DynamicSparseAttention):
+            if sparse:
                 selected = (probs > 0).any(dim=2).float().sum(0)  # (L queries, L keys): images selecting
-                by_query_role = torch.zeros(3, L, device=x.device).index_add_(0, roles, selected)
-                self._attn.add((layer, step, 'selected'), by_query_role, (query_counts * B).unsqueeze(1).expand(3, L))
+                by_query_role = torch.zeros(R, L, device=probs.device).index_add_(0, roles, selected)
+                self._attn.add((layer, step, 'selected'), by_query_role, (query_counts * B).unsqueeze(1).expand(R, L))
         return hook
 
     def _moe_hook(self, layer: int):
+        R = len(ROLES)
+
         def hook(module, inputs, output):
             x = inputs[0]
             B, L, C = x.shape
-            step = L - 2
+            step = step_of_length(L)
             _, probs, _, experts = module.route(x.reshape(-1, C))  # (B*L, E), (B*L, m)
             E, m = module.num_experts, experts.shape[-1]
-            token_roles = key_roles(L, x.device).repeat(B)  # (B*L,)
+            roles = token_roles(L, x.device).repeat(B)  # (B*L,)
             slots = torch.zeros(B * L, E, device=x.device).scatter_add_(
                 1, experts, torch.ones_like(experts, dtype=torch.float))  # assignments per token and expert
-            share = torch.zeros(3, E, device=x.device).index_add_(0, token_roles, slots)
-            role_slots = torch.bincount(token_roles, minlength=3).float() * m
-            self._moe.add((layer, step, 'share'), share, role_slots.unsqueeze(1).expand(3, E))
+            share = torch.zeros(R, E, device=x.device).index_add_(0, roles, slots)
+            role_slots = torch.bincount(roles, minlength=R).float() * m
+            self._moe.add((layer, step, 'share'), share, role_slots.unsqueeze(1).expand(R, E))
             self._moe.add((layer, step, 'load'), slots.sum(0), B * L * m)
             self._moe.add((layer, step, 'router'), probs.float().sum(0), B * L)
             self._moe.add((layer, step, 'balance'), output[1].float() * B, B)
@@ -196,7 +188,14 @@ class RecursionTracer:
 
     def __enter__(self) -> 'RecursionTracer':
         for layer, block in enumerate(self.model.blocks):
-            self._hooks.append(block.attn.register_forward_hook(self._attention_hook(layer)))
+            attn = block.attn
+            sparse = isinstance(attn, DynamicSparseAttention)
+            if sparse:
+                self._hooks.append(attn.key_select.register_forward_hook(self._key_select_hook(layer)))
+            elif attn.fused_attn:  # the fused kernel returns no probabilities
+                attn.fused_attn = False
+                self._unfused.append(attn)
+            self._hooks.append(attn.attn_drop.register_forward_hook(self._attention_hook(layer, sparse)))
             if block.moe is not None:
                 self._hooks.append(block.moe.register_forward_hook(self._moe_hook(layer)))
         return self
@@ -204,7 +203,9 @@ class RecursionTracer:
     def __exit__(self, *exc) -> None:
         for hook in self._hooks:
             hook.remove()
-        self._hooks = []
+        for attn in self._unfused:
+            attn.fused_attn = True
+        self._hooks, self._unfused, self._key_indices = [], [], {}
 
     # predictions --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -244,7 +245,7 @@ class RecursionTracer:
 
         dsa = [isinstance(b.attn, DynamicSparseAttention) for b in model.blocks]
         topk = next((b.attn.topk for b in model.blocks if isinstance(b.attn, DynamicSparseAttention)), None)
-        analytic = [1. - min(topk, t + 2) / (t + 2) if topk is not None else 0. for t in steps]
+        analytic = [sparse_attention_sparsity(sequence_length(t), topk) if topk is not None else 0. for t in steps]
         with_moe = [isinstance(b.moe, MixtureOfExperts) for b in model.blocks]
         return RecursionTrace(
             model=self.name, num_steps=T, num_layers=layers, num_images=self._num_images,

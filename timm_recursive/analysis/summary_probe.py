@@ -25,13 +25,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from timm_recursive.models.recursive_classifier import RecursiveClassifier
+
 __all__ = ['summary_probe', 'summaries_and_steps']
 
 
 @torch.no_grad()
 def summaries_and_steps(model: nn.Module, batches) -> Dict[str, np.ndarray]:
     """The summary token ``x_feat`` (N, d), the labels (N,) and every step's prediction (T, N) of ``model``."""
-    from timm_recursive.models import RecursiveClassifier
     if not isinstance(model, RecursiveClassifier):
         raise TypeError(f'summary probes need a recursive classifier, got {type(model).__name__}')
     model.eval()

@@ -1,5 +1,21 @@
+"""Reusable layers: Dynamic Sparse Attention, Mixture of Experts, entmax attention, token fusion.
+
+One building block per file, no model code. Conventions shared by the layers:
+
+* What an analysis reads inside a layer passes through a submodule, and the analysis reads it with
+  a forward hook on that submodule, as timm's ``AttentionExtract`` reads ``attn_drop``: the layer
+  keeps no record flags and no ``last_*`` state.
+* Attention probabilities are the input of the layer's ``attn_drop`` (read the input: the output is
+  after dropout). Layers with a fused kernel (timm's ``Attention``, ``EntmaxAttention``) compute them
+  only with ``fused_attn = False`` (timm's own switch); set it for as long as the hook is attached.
+  ``EntmaxAttention`` lays them out as timm does, (B, heads, N, N); ``DynamicSparseAttention`` as
+  (B, L, heads, n) over the n attended keys, whose positions (B, L, n) are the input of its
+  ``key_select`` (``attention_map`` makes the full map).
+* Anything else a layer decides (which keys, which tokens are merged) follows the same pattern: an
+  ``nn.Identity`` hook point called with it, documented in the layer's docstring.
+"""
 from .mixture_of_experts import MixtureOfExperts, expert_counts, load_balancing_loss, router_z_loss
-from .sparse_attention import DynamicSparseAttention, sparse_attention_sparsity
+from .sparse_attention import DynamicSparseAttention, attention_map, sparse_attention_sparsity
 from .entmax_ops import entmax, entmax15, entmax_bisect
 from .entmax_attention import EntmaxAttention, attention_probs, convert_to_entmax
 from .attention_projections import ProjectedAttention

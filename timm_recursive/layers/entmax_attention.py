@@ -1,17 +1,25 @@
 """Multi-head self-attention normalised by alpha-entmax instead of softmax: a drop-in for timm's ``Attention``.
 
-``EntmaxAttention`` has exactly the parameters (and names) of ``timm.layers.Attention``, so any
-state dict of a timm ViT loads into it; ``alpha=1`` is softmax through the fused SDPA kernel, and
-``alpha`` in (1, 2] gives sparse attention maps (1.5: entmax-1.5, 2: sparsemax) with no new
-parameters. With ``track_sparsity = True`` the layer keeps the statistics of its last forward in
-``last_sparsity``: the fraction of exact zeros and the mean support size per query row.
+alpha-entmax (Peters, Niculae & Martins, 2019, "Sparse Sequence-to-Sequence Models"; in attention:
+Correia, Niculae & Martins, 2019, "Adaptively Sparse Transformers") gives exact zeros to low-scoring
+query-key pairs. Replacing a ViT's softmax by entmax-1.5, with no other change, is the intervention of
+"Vision Transformers Need Better Token Interaction": more selective token interactions against the
+spread of global semantics over the patch tokens.
 
-On CUDA, when the optional ``adasplash`` package (Triton flash entmax attention) is installed, the
-layer runs its fused kernel instead of materialising the scores (no mask, no attention dropout, no
-sparsity tracking, timm's default scale; ``TIMM_RECURSIVE_ENTMAX_KERNEL=python`` turns it off).
+``EntmaxAttention`` has exactly the parameters (and names) of ``timm.layers.Attention``, so any
+state dict of a timm ViT loads into it; ``alpha=1`` is softmax, and ``alpha`` in (1, 2] gives sparse
+attention maps (1.5: entmax-1.5, 2: sparsemax) with no new parameters.
+
+Kernels follow timm's ``fused_attn`` switch. With it on (timm's default), softmax runs through SDPA
+and, on CUDA when the optional ``adasplash`` package is installed, entmax through its fused Triton
+kernel (AdaSplash, Gonçalves, Treviso & Martins, 2025, "AdaSplash: Adaptive Sparse Flash
+Attention"; no mask, no attention dropout, timm's default scale; ``TIMM_RECURSIVE_ENTMAX_KERNEL=python``
+turns it off). Otherwise the layer materialises the probabilities and passes them through
+``attn_drop``, where a forward hook reads them (B, heads, N, N), as timm's ``AttentionExtract`` does:
+set ``fused_attn = False`` to observe them (the convention of ``timm_recursive.layers``).
 """
 import functools
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -64,18 +72,6 @@ class EntmaxAttention(ProjectedAttention):
         if not 1. <= float(alpha) <= 2.:
             raise ValueError(f'alpha must be in [1, 2] (1: softmax, 1.5: entmax-1.5, 2: sparsemax), got {alpha}')
         self.alpha = float(alpha)
-        self.track_sparsity = False
-        self.last_sparsity: Dict[str, torch.Tensor] = {}
-
-    @torch.jit.unused
-    def _record_sparsity(self, attn: torch.Tensor) -> None:
-        with torch.no_grad():
-            support = (attn > 0).sum(-1).float()  # (B, H, N)
-            self.last_sparsity = {
-                'zero_fraction': 1. - support.mean() / attn.shape[-1],
-                'support_per_row': support.mean(dim=(0, 2)),  # per head
-                'seq_len': torch.tensor(attn.shape[-1]),
-            }
 
     def extra_repr(self) -> str:
         return f'alpha={self.alpha}'
@@ -88,11 +84,11 @@ class EntmaxAttention(ProjectedAttention):
     ) -> torch.Tensor:
         q, k, v, gate = self.project_qkv(x)
         N = q.shape[2]
-        if self.alpha == 1.:  # softmax: the fused kernel, exactly as timm's Attention
+        if self.fused_attn and self.alpha == 1.:  # softmax: the fused kernel, exactly as timm's Attention
             x = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.,
                 is_causal=is_causal)
-        elif (attn_mask is None and not is_causal and not self.track_sparsity
+        elif (self.fused_attn and attn_mask is None and not is_causal
               and not (self.training and self.attn_drop.p > 0.) and self.scale == self.head_dim ** -0.5
               and _use_adasplash(q)):
             x = adasplash_attention(q, k, v, self.alpha)
@@ -100,9 +96,7 @@ class EntmaxAttention(ProjectedAttention):
             scores = (q * self.scale) @ k.transpose(-2, -1)
             scores = maybe_add_mask(scores, resolve_self_attn_mask(N, scores, attn_mask, is_causal))
             attn = attention_probs(scores, self.alpha)
-            if self.track_sparsity and not torch.jit.is_scripting():
-                self._record_sparsity(attn)
-            x = self.attn_drop(attn) @ v
+            x = self.attn_drop(attn) @ v  # attn_drop: the hook point of the probabilities
         return self.project_output(x, gate)
 
 
@@ -120,8 +114,6 @@ def convert_to_entmax(model: nn.Module, alpha: float = 1.5) -> nn.Module:
             if not isinstance(module, EntmaxAttention):
                 # same parameters and buffers: swapping the class keeps the module and its state dict
                 module.__class__ = EntmaxAttention
-                module.track_sparsity = False
-                module.last_sparsity = {}
             module.alpha = float(alpha)
             converted += 1
     if converted == 0:

@@ -1,6 +1,8 @@
 """alpha-entmax: sparse probability mappings between softmax (alpha -> 1) and sparsemax (alpha = 2).
 
-``entmax(x, alpha)`` is ``argmax_p <p, x> + H_alpha(p)`` over the simplex, with the Tsallis entropy
+alpha-entmax is defined by Peters, Niculae & Martins (2019, "Sparse Sequence-to-Sequence Models"),
+sparsemax by Martins & Astudillo (2016, "From Softmax to Sparsemax: A Sparse Model of Attention and
+Multi-Label Classification"). ``entmax(x, alpha)`` is ``argmax_p <p, x> + H_alpha(p)`` over the simplex, with the Tsallis entropy
 ``H_alpha``. Its solution is ``p_i = [(alpha - 1) x_i - tau]_+ ^ (1 / (alpha - 1))`` for the threshold
 ``tau`` that makes ``p`` sum to 1; scores below the threshold get an exact zero.
 
@@ -14,7 +16,7 @@ thresholds lose the normalisation and give NaN. The result is cast back to the i
 * ``entmax_bisect`` (any alpha in (1, 2]): bisection on the threshold, then the same exact solve
   for alpha = 1.5 and 2 (sparsemax, linear) and a final Newton step for other alphas.
 
-The backward is closed form (Peters et al., 2019): with ``g = p^(2 - alpha)`` on the support,
+The backward is closed form (Peters, Niculae & Martins, 2019): with ``g = p^(2 - alpha)`` on the support,
 ``dx = g * dy - g * sum(g * dy) / sum(g)``.
 """
 import torch

@@ -1,9 +1,18 @@
 """Mixture-of-Experts feed-forward with top-m routing and dropless, sorted dispatch.
 
-Every token is routed to its ``experts_per_token`` highest-probability experts; the chosen gate
-probabilities are renormalised to sum to one. Dispatch sorts the (token, expert) assignments by
-expert, so each expert's two matmuls run once, on exactly the tokens routed to it: no capacity
-limit, no dropped tokens, and no expert computed on tokens it was not chosen for.
+The feed-forward of the technical summary "Atenção Esparsa Dinâmica e Mistura de Especialistas para
+Classificação Visual Iterativa" (E = 4 experts of hidden width d, each token routed to m = 2, an
+auxiliary loss against routing collapse), built from the sparsely-gated layer of Shazeer et al.
+(2017, "Outrageously Large Neural Networks: The Sparsely-Gated Mixture-of-Experts Layer"): every
+token is routed to its ``experts_per_token`` highest-probability experts, whose gate probabilities
+are renormalised to sum to one. The auxiliary loss is the load-balancing loss of Fedus, Zoph &
+Shazeer (2021, "Switch Transformers: Scaling to Trillion Parameter Models with Simple and Efficient
+Sparsity"), optionally plus the router z-loss of Zoph et al. (2022, "ST-MoE: Designing Stable and
+Transferable Sparse Expert Models").
+
+Dispatch sorts the (token, expert) assignments by expert, so each expert's two matmuls run once, on
+exactly the tokens routed to it: no capacity limit, no dropped tokens (dropless, as in MegaBlocks,
+Gale et al., 2022), and no expert computed on tokens it was not chosen for.
 
 That dispatch reads the per-expert token counts on the host. While the forward is captured as a
 graph (``torch.compile``, ``torch.export``, ONNX export, tracing; see ``graph_capture``) or runs on

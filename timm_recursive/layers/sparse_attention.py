@@ -1,18 +1,31 @@
 """Dynamic Sparse Attention (DSA): multi-query attention over indexer-selected top-k keys.
 
-A light indexer scores every key for every query from the per-head mean query. Each query then
-attends only to its ``topk`` best-scored keys. While the sequence is no longer than ``topk`` every
-key is selected and the layer is exactly dense multi-query attention with the same weights.
+The attention of the technical summary "Atenção Esparsa Dinâmica e Mistura de Especialistas para
+Classificação Visual Iterativa": a light indexer scores every key for every query from the per-head
+mean query, and each query attends only to its ``topk`` best-scored keys. While the sequence is no
+longer than ``topk`` every key is selected and the layer is exactly dense multi-query attention
+(one key/value head shared by all query heads; Shazeer, 2019, "Fast Transformer Decoding: One
+Write-Head is All You Need") with the same weights, so sparsity sets in only once a sequence grows
+past the budget: ``sparse_attention_sparsity`` is the fraction of keys skipped. Selecting keys with a
+separate light scorer before attending is also the design of DeepSeek-V3.2's sparse attention (its
+"lightning indexer"), which the summary does not mention; the indexer here is the summary's, one
+bilinear score of the mean query and the shared key.
 
 Gradient to the indexer: top-k selection is not differentiable, so the attention probability of
 every selected key is multiplied by a straight-through gate ``1 + sigmoid(s) - stop_grad(sigmoid(s))``
-of its indexer score ``s``. The gate is exactly 1 in the forward pass (outputs are unchanged), and
-its gradient, ``sigmoid'(s) * dL/dgate``, tells the indexer whether weighting that key more would
-lower the loss, so the indexer learns to rank the keys the attention finds useful. The sigmoid's
-derivative vanishes once a score is decided either way, which bounds the scores: with a gradient of
-``(1 - sigmoid(s)) * dL/dgate`` (as ``sigmoid(s) / stop_grad(sigmoid(s))`` gives) the scores of
-unhelpful keys were pushed down without end (to -1,200 within two FashionMNIST epochs), and the
-gradients through the indexer into the queries and keys exploded.
+of its indexer score ``s`` (a straight-through estimator, Bengio, Léonard & Courville, 2013). The
+gate is exactly 1 in the forward pass (outputs are unchanged), and its gradient,
+``sigmoid'(s) * dL/dgate``, tells the indexer whether weighting that key more would lower the loss,
+so the indexer learns to rank the keys the attention finds useful. The sigmoid's derivative
+vanishes once a score is decided either way, which bounds the scores; a gate whose gradient does not
+vanish for low scores (``sigmoid(s) / stop_grad(sigmoid(s))``, gradient ``(1 - sigmoid(s)) *
+dL/dgate``) keeps pushing the scores of unhelpful keys down without end.
+
+What an analysis can read (forward hooks, the convention of ``timm_recursive.layers``): the input of
+``attn_drop`` is the attention probabilities (B, L, heads, n) of each query over its n = min(k, L)
+attended keys, and the input of ``key_select``, called just before in the same forward, is the
+positions (B, L, n) of those keys (every key in order while L <= k); ``attention_map`` scatters the
+two into a full (B, L, heads, L) map.
 """
 from typing import Tuple
 
@@ -20,12 +33,25 @@ import torch
 from torch import nn
 from timm.layers import register_notrace_module
 
-__all__ = ['DynamicSparseAttention', 'sparse_attention_sparsity']
+__all__ = ['DynamicSparseAttention', 'attention_map', 'sparse_attention_sparsity']
 
 
 def sparse_attention_sparsity(seq_len: int, topk: int) -> float:
     """Fraction of keys each query skips at this sequence length: ``1 - min(k, L) / L``."""
     return 1.0 - min(topk, seq_len) / seq_len
+
+
+def attention_map(probs: torch.Tensor, key_indices: torch.Tensor) -> torch.Tensor:
+    """The full attention map (B, L, heads, L), zero at unselected keys, of one DSA forward.
+
+    ``probs`` (B, L, heads, n): the input of the layer's ``attn_drop``; ``key_indices`` (B, L, n):
+    the input of its ``key_select`` in the same forward.
+    """
+    B, L, H, n = probs.shape
+    if key_indices.shape != (B, L, n):
+        raise ValueError(f'key indices of shape {list(key_indices.shape)} do not match probabilities of shape '
+                         f'{list(probs.shape)}: expected {[B, L, n]}')
+    return probs.new_zeros(B, L, H, L).scatter_(-1, key_indices.unsqueeze(2).expand(-1, -1, H, -1), probs)
 
 
 @register_notrace_module  # sequence-length dependent control flow: keep it a leaf in FX graphs
@@ -40,6 +66,9 @@ class DynamicSparseAttention(nn.Module):
         qkv_bias: bias on the query, key and value projections.
         attn_drop: dropout on attention probabilities.
         proj_drop: dropout after the output projection.
+
+    Hook points (see the module docstring): ``key_select`` sees the attended key positions,
+    ``attn_drop`` the attention probabilities over them.
     """
 
     def __init__(
@@ -70,6 +99,7 @@ class DynamicSparseAttention(nn.Module):
         self.qkv = nn.Linear(dim, dim + 2 * self.head_dim, bias=qkv_bias, **dd)
         self.index_q = nn.Linear(self.head_dim, index_dim, bias=False, **dd)
         self.index_k = nn.Linear(self.head_dim, index_dim, bias=False, **dd)
+        self.key_select = nn.Identity()  # hook point: the attended key positions (B, L, min(k, L))
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -96,13 +126,14 @@ class DynamicSparseAttention(nn.Module):
         gate = 1. + (prob - prob.detach())  # == 1 forward; carries the indexer's (bounded) gradient
         if L <= self.topk:
             # dense regime: every key is selected; one (L * H) x L score matrix per image
+            self.key_select(torch.arange(L, device=x.device).expand(B, L, L))
             k, v = kv.split(self.head_dim, dim=-1)
             attn = (q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)) * self.scale
             attn = attn.softmax(dim=-1).view(B, L, self.num_heads, L) * gate.unsqueeze(2)
             attn = self.attn_drop(attn).view(B, L * self.num_heads, L)
             out = attn @ v  # B, L * H, D
         else:
-            idx = scores.topk(self.topk, dim=-1).indices  # B, L, k
+            idx = self.key_select(scores.topk(self.topk, dim=-1).indices)  # B, L, k
             flat_idx = idx.reshape(B, L * self.topk, 1).expand(-1, -1, 2 * self.head_dim)
             kv_sel = kv.gather(1, flat_idx).view(B, L, self.topk, 2 * self.head_dim)  # keys and values at once
             k_sel, v_sel = kv_sel.split(self.head_dim, dim=-1)

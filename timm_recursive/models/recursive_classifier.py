@@ -1,10 +1,12 @@
 """Recursive classifier with Dynamic Sparse Attention and a Mixture-of-Experts FFN.
 
 A recursive visual classifier that revises a class hypothesis over ``num_steps`` steps against a
-growing history of latent states, as a technical summary of a recursive DSA-MoE classifier
-describes it (the README says what that source fixes and what this package chose). The source
-reports that later steps refine the prediction; the README's FashionMNIST measurements find no
-gain over the first step, and ``timm_recursive.analysis`` has the tools that measured why.
+growing history of latent states, as the technical summary "Atenção Esparsa Dinâmica e Mistura de
+Especialistas para Classificação Visual Iterativa" (Dynamic Sparse Attention and Mixture of Experts
+for Iterative Visual Classification) describes it. The x/y/z recurrence is the summary's adaptation
+to image embeddings of the Tiny Recursive Model's (TRM: Jolicoeur-Martineau, 2025, "Less is More:
+Recursive Reasoning with Tiny Networks"); ``forward_steps`` gives every step's logits for TRM's deep
+supervision (a loss on every step).
 
 Three streams feed one shared transformer (the same weights at every step):
 
@@ -15,13 +17,16 @@ Three streams feed one shared transformer (the same weights at every step):
   (``'soft'``); ``y_0`` is learned;
 * ``Z_{t-1} = (z_0, ..., z_{t-1})``: the latent history; ``z_0`` is learned.
 
-Step t runs the transformer over ``[x_feat; y_{t-1}; Z_{t-1}]`` (length ``t + 2``), each token plus
-a learned token-role embedding (summary, hypothesis, history). The step's class logits are read
-from the hypothesis slot; the new latent ``z_t`` is the (normalised) output at the last history
-slot, i.e. the update of the newest latent given everything else (a choice the source leaves open).
+Token layout (``ROLES``, ``ROLE_SLOTS``): step t (counting from 1) runs the transformer over
+``[x_feat; y_{t-1}; Z_{t-1}]``, the summary at position 0, the hypothesis at 1 and the t history
+latents from 2 on (``sequence_length(t) = t + 2``, ``step_of_length(L) = L - 2``), each token plus a
+learned token-role embedding. The step's class logits are read from the hypothesis slot; the new
+latent ``z_t`` is the (normalised) output at the last history slot (``NEW_LATENT_SLOT``), i.e. the
+update of the newest latent given everything else (a choice the source leaves open). Analyses of
+the recursion (``timm_recursive.analysis``) read the layout from here.
 
 Variants: SA-MLP (dense multi-head attention, dense MLP of width 4d), SA-MoE (dense attention, MoE)
-and DSA-MoE (Dynamic Sparse Attention, MoE).
+and DSA-MoE (Dynamic Sparse Attention, MoE); see ``timm_recursive.layers`` for the two layers.
 
 ``forward_features`` returns the final step's normalised tokens as an NHWC map of height 1 and width
 ``num_steps + 2`` (summary, hypothesis, history); ``global_pool='token'`` reads the hypothesis slot,
@@ -40,7 +45,7 @@ training scripts use) backpropagates through the whole recursion.
 With ``num_classes=0`` there is no class prediction to feed back, so the hypothesis token stays at
 its learned initial value ``y_0`` at every step.
 """
-from typing import List, Optional, Tuple, Union
+from typing import Final, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -54,9 +59,35 @@ from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts
 
 from ._pretrained import HUB_ORG, pretrained_errors
 
-__all__ = ['RecursiveClassifier', 'RecursiveBlock']
+__all__ = [
+    'RecursiveClassifier', 'RecursiveBlock', 'ROLES', 'SUMMARY', 'HYPOTHESIS', 'HISTORY', 'ROLE_SLOTS',
+    'NEW_LATENT_SLOT', 'sequence_length', 'step_of_length', 'token_roles',
+]
 
 _GLOBAL_POOLS = ('token', 'avg', '')
+
+# The token layout of a recursion step (see the module docstring): one summary token, one
+# hypothesis token, then the history. A role's index is its row of ``role_embed``; the summary's and
+# the hypothesis's are also their positions.
+ROLES = ('summary', 'hypothesis', 'history')
+SUMMARY, HYPOTHESIS, HISTORY = range(len(ROLES))
+ROLE_SLOTS = {'summary': slice(0, 1), 'hypothesis': slice(1, 2), 'history': slice(2, None)}
+NEW_LATENT_SLOT = -1  # a step's output there is the latent z_t it appends to the history
+
+
+def sequence_length(step: int) -> int:
+    """Tokens of recursion step ``step`` (counting from 1): the summary, the hypothesis and ``step`` latents."""
+    return ROLE_SLOTS['history'].start + step
+
+
+def step_of_length(seq_len: int) -> int:
+    """The recursion step (counting from 1) whose tokens number ``seq_len``; inverse of ``sequence_length``."""
+    return seq_len - ROLE_SLOTS['history'].start
+
+
+def token_roles(seq_len: int, device=None) -> torch.Tensor:
+    """Role index (``SUMMARY``, ``HYPOTHESIS``, ``HISTORY``) of every position of a step's ``seq_len`` tokens."""
+    return torch.arange(seq_len, device=device).clamp(max=HISTORY)
 
 
 @torch.fx.wrap
@@ -81,6 +112,9 @@ def _check_choice(name: str, value, choices) -> None:
 
 class RecursiveBlock(nn.Module):
     """Pre-norm transformer block: dense or dynamic sparse attention, then an MLP or MoE FFN.
+
+    Dense attention is timm's multi-head ``Attention``; ``DynamicSparseAttention`` and
+    ``MixtureOfExperts`` are the source's layers (``timm_recursive.layers``).
 
     ``forward`` returns ``(tokens, aux_loss)``; ``aux_loss`` is the MoE's auxiliary loss (0 for an MLP).
     """
@@ -167,6 +201,11 @@ class RecursiveClassifier(nn.Module):
         attn_drop_rate: dropout on attention probabilities.
         drop_path_rate: stochastic depth, linearly increasing over the blocks.
     """
+    # the token layout's indices where TorchScript reads them (it cannot read module-level ints)
+    summary_role: Final[int] = SUMMARY
+    hypothesis_role: Final[int] = HYPOTHESIS
+    history_role: Final[int] = HISTORY
+    new_latent_slot: Final[int] = NEW_LATENT_SLOT
 
     def __init__(
             self,
@@ -241,7 +280,7 @@ class RecursiveClassifier(nn.Module):
 
         self.y_init = nn.Parameter(torch.zeros(1, embed_dim, **dd))
         self.z_init = nn.Parameter(torch.zeros(1, 1, embed_dim, **dd))
-        self.role_embed = nn.Parameter(torch.zeros(3, embed_dim, **dd))  # summary, hypothesis, history
+        self.role_embed = nn.Parameter(torch.zeros(len(ROLES), embed_dim, **dd))
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth, device='cpu')]
         self.blocks = nn.ModuleList([
             RecursiveBlock(
@@ -259,9 +298,10 @@ class RecursiveClassifier(nn.Module):
 
     def init_weights(self) -> None:
         # The initial hypothesis and latent, like the class embeddings and the later latents (layer
-        # norm outputs), are whole tokens of unit scale: at ViT's 0.02 the pre-norm blocks' layer norms
-        # amplify their gradients ~30x and Adam moves them by several percent per step. The role
-        # embeddings are small offsets, as ViT's positions.
+        # norm outputs), are whole tokens of unit scale: at ViT's 0.02 the pre-norm blocks' layer norms,
+        # whose gradient scales as the inverse of their input's scale, would amplify their gradients
+        # and Adam would move them by a large part of their size at every update. The role embeddings
+        # are small offsets, as ViT's positions.
         for p in (self.y_init, self.z_init):
             trunc_normal_(p, std=1., a=-2., b=2.)
         trunc_normal_(self.role_embed, std=.02)
@@ -350,7 +390,7 @@ class RecursiveClassifier(nn.Module):
         ones are read as values only; ``>= num_steps - 1``: the whole history); with 0 the hypothesis
         is read without its gradient too, else a hard one takes its soft mix's gradient straight through.
         """
-        summary = x_feat.unsqueeze(1) + self.role_embed[0]
+        summary = x_feat.unsqueeze(1) + self.role_embed[self.summary_role]
         B = summary.shape[0]
         y = self.y_init.expand(B, -1)
         latents: List[torch.Tensor] = [self.z_init.expand(B, -1, -1)]
@@ -358,20 +398,20 @@ class RecursiveClassifier(nn.Module):
         aux = summary.new_zeros(())
         tokens = summary
         for t in range(self.num_steps):
-            hypothesis = (y + self.role_embed[1]).unsqueeze(1)
-            history = torch.cat(latents, dim=1) + self.role_embed[2]
+            hypothesis = (y + self.role_embed[self.hypothesis_role]).unsqueeze(1)
+            history = torch.cat(latents, dim=1) + self.role_embed[self.history_role]
             tokens, step_aux = self._transform(torch.cat([summary, hypothesis, history], dim=1))
             aux = aux + step_aux
             if t == self.num_steps - 1:
                 break
-            latents.append(tokens[:, -1:])
+            latents.append(tokens[:, self.new_latent_slot].unsqueeze(1))
             # the latent that just left the window keeps its value, not its gradient (z_0 is a learned
             # parameter, not a state of the recursion: it always keeps its gradient)
             leaving = len(latents) - 1 - grad_window
             if leaving >= 1:
                 latents[leaving] = latents[leaving].detach()
             if self.num_classes > 0:
-                logits = self.head(self.head_drop(tokens[:, 1]))
+                logits = self.head(self.head_drop(tokens[:, self.hypothesis_role]))
                 step_logits.append(logits)
                 y = self._hypothesis_embed(logits, grad_window > 0)
         return tokens, step_logits, aux / max(1, self.num_moe_blocks * self.num_steps)
@@ -414,7 +454,7 @@ class RecursiveClassifier(nn.Module):
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == 'token':
-            x = x[:, 0, 1]
+            x = x[:, 0, self.hypothesis_role]
         elif self.global_pool == 'avg':
             x = x.mean(dim=(1, 2))
         x = self.head_drop(x)
@@ -494,7 +534,7 @@ default_cfgs = generate_default_cfgs({
     **_dataset_cfgs('recursive_dsa_moe_tiny'),
 })
 
-# the reported configuration: d=512, depth 4, 8 heads, encoder 64/128/256, 16 steps, k=6
+# the source's reported configuration: d=512, depth 4, 8 heads, encoder 64/128/256, 16 steps, k=6
 _CIFAR_ARGS = dict(embed_dim=512, depth=4, num_heads=8, encoder_chans=(64, 128, 256), num_steps=16, topk=6)
 # a CPU-trainable size of the same design
 _TINY_ARGS = dict(embed_dim=128, depth=2, num_heads=4, encoder_chans=(32, 64, 128), num_steps=16, topk=6)
@@ -516,7 +556,7 @@ def recursive_sa_moe_cifar(pretrained: bool = False, **kwargs) -> RecursiveClass
 
 @register_model
 def recursive_dsa_moe_cifar(pretrained: bool = False, **kwargs) -> RecursiveClassifier:
-    """Dynamic Sparse Attention (k=6) and a 4-expert top-2 MoE FFN: the selected operating point."""
+    """Dynamic Sparse Attention (k=6) and a 4-expert top-2 MoE FFN: the source's selected operating point."""
     model_args = dict(_CIFAR_ARGS, attn='dsa', ffn='moe')
     return _create_recursive_classifier('recursive_dsa_moe_cifar', pretrained, **dict(model_args, **kwargs))
 

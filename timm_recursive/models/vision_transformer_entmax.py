@@ -1,11 +1,15 @@
 """Vision Transformers whose attention is normalised by entmax-1.5 instead of softmax.
 
-As a technical summary of entmax attention in DINO ViTs describes it: every attention layer of a ViT uses alpha-entmax (default 1.5), a
-sparse probability mapping that gives exact zeros to low-scoring query-key pairs. No new parameters,
-no register tokens: the architectures are timm's ``vit_{tiny,small,base}_patch16_224``, so their
-checkpoints load unchanged (strictly). The pretrained configs point at the same weight files as the
-timm softmax models, DINO's ViT-S/16 included (``vit_small_entmax.dino``): softmax-trained
-initialisations to fine-tune from, not entmax-trained weights.
+The intervention of the technical summary "Vision Transformers Need Better Token Interaction", which
+trains DINO ViT-S/16 backbones (Caron et al., 2021, "Emerging Properties in Self-Supervised Vision
+Transformers") this way: every attention layer of a ViT (Dosovitskiy et al., 2021, "An Image is Worth
+16x16 Words") uses alpha-entmax (Peters, Niculae & Martins, 2019, "Sparse Sequence-to-Sequence
+Models"; default alpha 1.5), a sparse probability mapping that gives exact zeros to low-scoring
+query-key pairs. No new parameters, no register tokens: the architectures are timm's
+``vit_{tiny,small,base}_patch16_224``, so their checkpoints load unchanged (strictly). The pretrained
+configs point at the same weight files as the timm softmax models, DINO's ViT-S/16 included
+(``vit_small_entmax.dino``): softmax-trained initialisations to fine-tune from, not entmax-trained
+weights.
 
 ``convert_to_entmax(model, alpha)`` (``timm_recursive.layers``) does the same to any timm ViT in place.
 """
@@ -26,8 +30,8 @@ class EntmaxVisionTransformer(VisionTransformer):
     """timm's ``VisionTransformer`` with ``EntmaxAttention`` in every block.
 
     Args:
-        alpha: entmax alpha of every attention layer, in [1, 2] (1: softmax via SDPA, 1.5:
-            entmax-1.5, 2: sparsemax).
+        alpha: entmax alpha of every attention layer, in [1, 2] (1: softmax, 1.5: entmax-1.5,
+            2: sparsemax).
         **kwargs: ``VisionTransformer`` arguments (``attn_layer`` excepted).
     """
 
