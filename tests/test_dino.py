@@ -17,7 +17,7 @@ from timm_recursive.dino import (
     CollapseDetector, DINOHead, DINOLoss, DINOModel, MultiCropTransform, cosine_schedule, teacher_temperatures)
 from timm_recursive.probing import (
     compose_canvases, confusion_matrix, dense_probe, linear_probe, segmentation_scores)
-from timm_recursive.training import find_last_state
+from timm_recursive.train import find_last_state
 
 from helpers import load_script
 

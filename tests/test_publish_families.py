@@ -13,7 +13,7 @@ from PIL import Image
 import timm_recursive  # noqa: F401
 from timm_recursive.data import resolve_dataset
 from timm_recursive.hub import FAMILIES, base_model_id, hub_dataset_id, load_run, render_model_card
-from timm_recursive.training import INSTALL_COMMAND, create_model_from_checkpoint
+from timm_recursive.train import INSTALL_COMMAND, create_model_from_checkpoint
 
 from helpers import load_script
 

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 import torch
 
 from timm_recursive.layers import DynamicSparseAttention
-from timm_recursive.training import (
+from timm_recursive.train import (
     INSTALL_COMMAND, CheckpointError, create_model_from_checkpoint, export_model, replace_dir)
 
 __all__ = ['HubError', 'load_run', 'export_run', 'render_model_card', 'push_to_hub', 'CARD_TEMPLATES', 'FAMILIES',

@@ -27,7 +27,7 @@ from timm_recursive.analysis.efficiency import format_table
 from timm_recursive.data import create_dataset_transform, resolve_dataset
 from timm_recursive.efficiency import build_reports
 from timm_recursive.hub import export_run
-from timm_recursive.training import StepOutputs, collate_classification, evaluate_steps
+from timm_recursive.train import StepOutputs, collate_classification, evaluate_steps
 
 TARGET = 95.0
 HERE = os.path.dirname(os.path.abspath(__file__))
