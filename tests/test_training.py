@@ -23,8 +23,8 @@ train_script = load_script('train')
 evaluate_script = load_script('evaluate')
 
 
-def _state_weights(run_dir, name):
-    return load_file(os.path.join(run_dir, 'checkpoints', name, 'model.safetensors'))
+def _state_weights(run_dir, state, filename='model.safetensors'):
+    return load_file(os.path.join(run_dir, 'checkpoints', state, filename))
 
 
 def test_step_weights():
@@ -236,7 +236,13 @@ def test_bf16_autocast_and_model_ema(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.load(open(os.path.join(run, 'summary.json')))
     assert summary['mixed_precision'] == 'bf16'
-    assert any(f.startswith('custom_checkpoint') for f in os.listdir(os.path.join(run, 'checkpoints', 'epoch0001')))
+    # the EMA is stored beside the model with timm's key names: plain timm loads either
+    state = os.path.join(run, 'checkpoints', 'epoch0001')
+    recorded = json.load(open(os.path.join(run, 'args.json')))
+    for name in ('model.safetensors', 'model_ema.safetensors'):
+        model = timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=recorded['in_chans'],
+                                  checkpoint_path=os.path.join(state, name), **recorded['model_kwargs'])
+        assert all(torch.equal(v, _state_weights(run, 'epoch0001', name)[k]) for k, v in model.state_dict().items())
     # the exported (EMA) weights reproduce the recorded accuracy in float32
     out = str(tmp_path / 'e.json')
     assert evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-eval-samples', '40', '--json', out]) == 0

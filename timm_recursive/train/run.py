@@ -174,10 +174,11 @@ def run_dir_for(output: str, resume: Optional[str]) -> str:
     (timm's ``get_outdir(inc=True)``): a second run never overwrites the first. Every process gets the
     main process's answer."""
     from accelerate import PartialState
-    from accelerate.utils import broadcast_object_list
+    from accelerate.utils import broadcast_object_list, parse_flag_from_env
     from timm.utils import get_outdir
 
-    state = PartialState()
+    # the process state made here is the one the Accelerator made later reuses: read its CPU flag as it does
+    state = PartialState(cpu=parse_flag_from_env('ACCELERATE_USE_CPU'))
     chosen = [output]
     if state.is_main_process and not resume and os.path.isdir(output) and os.listdir(output):
         chosen[0] = get_outdir(output, inc=True)
