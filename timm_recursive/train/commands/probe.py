@@ -73,7 +73,8 @@ def parse_args(argv=None):
     linear.add_argument('--n-last-blocks', type=int, default=1,
                         help='concatenate the [CLS] of the last N blocks (DINO uses 4 for ViT-S)')
     linear.add_argument('--avgpool-patches', action='store_true', help='append the mean patch token of the last block')
-    segment = sub.add_parser('segment', allow_abbrev=False, help='dense linear segmentation probe on patch features (mIoU)')
+    segment = sub.add_parser('segment', allow_abbrev=False,
+                             help='dense linear segmentation probe on patch features (mIoU)')
     add_probe_arguments(segment)
     segment.add_argument('--mask-column', default=None)
     segment.add_argument('--num-classes', type=int, default=None, help='default: the largest label in the masks + 1')

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Train or fine-tune any registered timm model on an image-classification dataset with Accelerate.
 
-    python train_scripts/train.py --model recursive_dsa_moe_tiny --dataset digits --output runs/digits
+    timm-recursive-train --model recursive_dsa_moe_tiny --dataset digits --output runs/digits
+    python train_scripts/train.py ...   (the same command, from a checkout)
     accelerate launch --num_processes 2 train_scripts/train.py --model ... --dataset fashion_mnist ...
 
 Datasets: anything ``timm_recursive.data.resolve_dataset`` understands (``digits``, Hub ids and
@@ -11,8 +12,11 @@ loss is ``sum_t w_t CE(logits_t, y) + aux_loss_coef * moe_aux`` with step weight
 
 A run folder holds ``args.json``, ``metrics.jsonl`` (one JSON object per epoch), ``summary.json``,
 ``checkpoints/`` (``Accelerator.save_state`` folders written atomically every epoch and on
-SIGINT/SIGTERM; ``--resume`` continues from the newest) and ``model/`` (the best weights as
-``model.safetensors`` + ``config.json``, loadable with ``timm.create_model('local-dir:...')``).
+SIGINT/SIGTERM, the model and its EMA as timm-named ``model.safetensors``/``model_ema.safetensors``;
+``--resume`` continues from the newest) and ``model/`` (the best weights as ``model.safetensors`` +
+``config.json``, loadable with ``timm.create_model('local-dir:...')``). An ``--output`` that holds a
+previous run is never overwritten: without ``--resume`` the run goes to ``OUTPUT-1`` (then ``-2``, ...).
+The run loop is ``timm_recursive.train.run.RunLoop``, shared with ``timm-recursive-train-dino``.
 
 timm's own ``train.py`` names are accepted where they mean the same (``-b``, ``-j``, ``--amp``,
 ``--img-size``/``--input-size``, ``--drop``, ``--layer-decay``, ``--channels-last``,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """DINO self-supervised pretraining of any timm ViT (softmax, entmax, with or without register tokens) with Accelerate.
 
-    python train_scripts/train_dino.py --model vit_small_entmax --dataset imagenet-1k --output runs/dino_entmax
+    timm-recursive-train-dino --model vit_small_entmax --dataset imagenet-1k --output runs/dino_entmax
     python train_scripts/train_dino.py --preset cpu28 --model vit_small_entmax --dataset fashion_mnist --output runs/dino_fm
 
 The defaults are DINO's ViT-S/16 recipe (the published ``vits16`` arguments, 200 epochs as the source
@@ -18,7 +18,8 @@ Registers: ``--model-kwargs reg_tokens=4``. The model is built with ``num_classe
 
 A run folder holds ``args.json``, ``metrics.jsonl`` (one JSON object per epoch: loss, teacher entropy,
 schedules, gradient norm, throughput, collapse warnings), ``checkpoints/`` (``Accelerator.save_state``
-folders, atomic, every epoch and on SIGINT/SIGTERM: ``--resume`` continues exactly) and ``model/``
+folders, atomic, every epoch and on SIGINT/SIGTERM: ``--resume`` continues exactly; an ``--output``
+holding a previous run is never overwritten, the run goes to ``OUTPUT-1``) and ``model/``
 (the teacher backbone as ``model.safetensors`` + ``config.json``: ``timm.create_model('local-dir:...',
 pretrained=True)`` after ``import timm_recursive``, the layout of a Hub model repository).
 """
