@@ -40,7 +40,7 @@ from timm_recursive.data import DatasetError, image_mode, resolve_dataset, resol
 from timm_recursive.dino import (
     CollapseDetector, DINOHead, DINOLoss, DINOModel, MultiCropTransform, cancel_last_layer_gradients,
     cosine_schedule, teacher_statistics, teacher_temperatures)
-from timm_recursive.train.checkpoint import CheckpointError
+from timm_recursive.train.checkpoint import CheckpointError, store_weights_as_timm
 from timm_recursive.train.export import export_model
 from timm_recursive.train.factory import create_classifier
 from timm_recursive.train.run import RunLoop, SeededSamples, add_run_arguments, describe_hardware, run_dir_for
@@ -196,7 +196,13 @@ def train(args, argv=None) -> dict:
     student, optimizer, loader = accelerator.prepare(student, optimizer, loader)
     teacher.to(accelerator.device)
     dino_loss.to(accelerator.device)
-    accelerator.register_for_checkpointing(teacher, dino_loss)
+    accelerator.register_for_checkpointing(dino_loss)
+    # states hold the backbones with timm's key names (student model.safetensors, teacher
+    # model_ema.safetensors, each loadable by timm.create_model(checkpoint_path=...)), their heads beside them
+    store_weights_as_timm(accelerator, lambda m: m.backbone if isinstance(m, DINOModel) else None)
+    loop.modules.update({'head.safetensors': accelerator.unwrap_model(student).head,
+                         'model_ema.safetensors': teacher.module.backbone,
+                         'model_ema_head.safetensors': teacher.module.head})
 
     iters = len(loader)
     lr_schedule = cosine_schedule(peak_lr, args.min_lr, args.epochs, iters, args.warmup_epochs)
