@@ -7,12 +7,13 @@ the prepared wrapper is stored with timm's key names (``model.safetensors``), an
 such as an EMA beside it (``model_ema.safetensors``), so ``timm.create_model(name,
 checkpoint_path=...)`` loads a state's weights.
 
-Why not Accelerate's ``ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=N)``: in
-accelerate 1.16 it writes straight into ``checkpoints/checkpoint_<i>`` and ``load_state()`` takes the
-highest number, so a save cut short is what resume picks; ``total_limit`` deletes the oldest folders
-of ``checkpoints/`` whoever wrote them; and its counter restarts at 0 in every process, so a resumed
-run fails on the existing ``checkpoint_0``. States here are named by progress
-(``epochEEEE[_stepSSSSSS]``), and rotation only removes states of the same run (its ``run_id``).
+Why not Accelerate's ``ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=N)``: tried
+with accelerate 1.16, ``load_state()`` takes the highest-numbered ``checkpoints/checkpoint_<i>``, a save
+cut short included (it fails on the missing files); ``total_limit`` removes the lowest-numbered
+folders of ``checkpoints/`` whoever wrote them; and the counter restarts at 0 in a new process, so a
+resumed run's states sort below the old ones and its first save removed its newest complete state.
+States here are named by progress (``epochEEEE[_stepSSSSSS]``), a state is only ever picked complete,
+and rotation only removes states of the same run (its ``run_id``).
 """
 import json
 import os
