@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Accuracy (top-1/top-5, at every recursion step) and images/s of a model on a dataset.
 
-    python train_scripts/evaluate.py --checkpoint runs/digits --dataset digits
-    python train_scripts/evaluate.py --model recursive_dsa_moe_tiny.fashion_mnist --pretrained --dataset fashion_mnist
-    python train_scripts/evaluate.py --checkpoint runs/fm/checkpoints/epoch0014 --dataset fashion_mnist
+    timm-recursive-evaluate --checkpoint runs/digits --dataset digits
+    timm-recursive-evaluate --model recursive_dsa_moe_tiny.fashion_mnist --pretrained --dataset fashion_mnist
+    timm-recursive-evaluate --checkpoint runs/fm/checkpoints/epoch0014 --dataset fashion_mnist
 
 ``--checkpoint`` takes an exported folder (``model.safetensors`` + ``config.json``), a training run
 folder, a training state folder, or a weights file (then ``--model`` names the architecture).

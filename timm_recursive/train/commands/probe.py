@@ -1,14 +1,13 @@
-#!/usr/bin/env python3
 """Frozen-feature probes of a ViT backbone (``timm_recursive.probing``), as the source measures DINO models.
 
     # linear classification on the [CLS] token(s)
-    python train_scripts/probe.py linear --checkpoint runs/dino_entmax/model --dataset fashion_mnist
+    timm-recursive-probe linear --checkpoint runs/dino_entmax/model --dataset fashion_mnist
     # dense linear segmentation on patch features (+ [CLS] with --with-cls), mIoU
-    python train_scripts/probe.py segment --checkpoint runs/dino_entmax/model --dataset data/fm_canvases
-    python train_scripts/probe.py segment --model vit_small_patch16_224.dino --pretrained \\
+    timm-recursive-probe segment --checkpoint runs/dino_entmax/model --dataset data/fm_canvases
+    timm-recursive-probe segment --model vit_small_patch16_224.dino --pretrained \\
         --dataset scene_parse_150 --reduce-zero-label --img-size 448
     # a segmentation dataset from a classification one: grids of images, foreground pixels labelled by class
-    python train_scripts/probe.py compose --dataset fashion_mnist --out data/fm_canvases
+    timm-recursive-probe compose --dataset fashion_mnist --out data/fm_canvases
 
 The backbone is ``--checkpoint`` (an exported folder such as ``train_dino.py``'s ``model/``, a run or
 state folder) or ``--model`` (with ``--pretrained``); it is built with ``num_classes=0`` and stays frozen.

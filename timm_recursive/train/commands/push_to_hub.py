@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Export a training run as a Hugging Face Hub model folder (weights, config, model card) and upload it.
 
-    python train_scripts/push_to_hub.py runs/digits --repo-id me/recursive-digits --dry-run
-    python train_scripts/push_to_hub.py runs/fm_dsa_moe --repo-id me/fm-dsa-moe --weights last
+    timm-recursive-push-to-hub runs/digits --repo-id me/recursive-digits --dry-run
+    timm-recursive-push-to-hub runs/fm_dsa_moe --repo-id me/fm-dsa-moe --weights last
 
 ``--dry-run`` writes the folder only (default ``<run>/hub``). Otherwise the folder is uploaded with
 ``huggingface_hub`` to ``--repo-id`` (created if needed; token from ``--token``, ``HF_TOKEN`` or

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Train or fine-tune any registered timm model on an image-classification dataset with Accelerate.
 
     timm-recursive-train --model recursive_dsa_moe_tiny --dataset digits --output runs/digits

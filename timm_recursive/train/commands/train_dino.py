@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """DINO self-supervised pretraining of any timm ViT (softmax, entmax, with or without register tokens) with Accelerate.
 
     timm-recursive-train-dino --model vit_small_entmax --dataset imagenet-1k --output runs/dino_entmax
