@@ -40,7 +40,7 @@ from timm_recursive.analysis.timing import inference_speed
 from timm_recursive.analysis.token_fusion_cost import count_gmacs
 from timm_recursive.data import create_dataset_transform, resolve_dataset
 from timm_recursive.layers import FUSION_MODES, IMPORTANCE_SCORES, num_kept
-from timm_recursive.training import (
+from timm_recursive.train import (
     StepOutputs, collate_classification, create_model_from_checkpoint, evaluate_steps, write_json_atomic)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,5 +1,5 @@
-"""Shared by the tests: the command-line scripts as modules, and a training run of a few seconds."""
-import importlib.util
+"""Shared by the tests: the command-line commands as modules, and a training run of a few seconds."""
+import importlib
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -11,8 +11,5 @@ TINY_RUN = ['--model', 'recursive_dsa_moe_tiny', '--dataset', 'digits', '--model
 
 
 def load_script(name: str):
-    """``train_scripts/<name>.py`` as a module (the scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, 'train_scripts', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The module of the command ``train_scripts/<name>.py`` runs (``timm_recursive.train.commands.<name>``)."""
+    return importlib.import_module(f'timm_recursive.train.commands.{name}')

@@ -17,7 +17,7 @@ from timm_recursive.dino import (
     CollapseDetector, DINOHead, DINOLoss, DINOModel, MultiCropTransform, cosine_schedule, teacher_temperatures)
 from timm_recursive.probing import (
     compose_canvases, confusion_matrix, dense_probe, linear_probe, segmentation_scores)
-from timm_recursive.training import find_last_state
+from timm_recursive.train import find_last_state
 
 from helpers import load_script
 
@@ -174,11 +174,21 @@ def test_resume_after_sigterm_reaches_the_uninterrupted_state(tmp_path, monkeypa
         assert dino_script.main(args + ['--output', resumed]) == 130
     assert find_last_state(os.path.join(resumed, 'checkpoints')).endswith('epoch0000_step000002')
     assert dino_script.main(args + ['--output', resumed, '--resume']) == 0
-    for name in ('model/model.safetensors', 'checkpoints/epoch0002/model.safetensors'):  # teacher, student
+    for name in ('model/model.safetensors', 'checkpoints/epoch0002/model.safetensors',  # teacher, student
+                 'checkpoints/epoch0002/head.safetensors'):
         a, b = load_file(os.path.join(full, name)), load_file(os.path.join(resumed, name))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
     metrics = [[json.loads(line)['loss'] for line in open(os.path.join(run, 'metrics.jsonl'))] for run in (full, resumed)]
     assert metrics[0][1] == metrics[1][1]  # epoch 2 ran from the same state
+    # a state's student and teacher backbones load in plain timm; the teacher's is the exported model
+    state = os.path.join(resumed, 'checkpoints', 'epoch0002')
+    for name in ('model.safetensors', 'model_ema.safetensors'):
+        backbone = timm.create_model('vit_small_patch16_224', num_classes=0, in_chans=1, img_size=8, patch_size=4,
+                                     embed_dim=32, depth=1, num_heads=2, checkpoint_path=os.path.join(state, name))
+        saved = load_file(os.path.join(state, name))
+        assert all(torch.equal(v, saved[k]) for k, v in backbone.state_dict().items()), name
+    exported = load_file(os.path.join(resumed, 'model', 'model.safetensors'))
+    assert all(torch.equal(v, exported[k]) for k, v in load_file(os.path.join(state, 'model_ema.safetensors')).items())
 
 
 def test_resume_refuses_another_recipe(tmp_path, capsys):

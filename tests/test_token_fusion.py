@@ -419,7 +419,7 @@ TINY_DATA = ['--dataset', 'digits', '--in-chans', '1', '--max-train-samples', '6
 
 def test_finetune_a_fused_model_from_dense_weights_with_the_objective(tmp_path):
     from helpers import TINY_RUN, load_script
-    from timm_recursive.training import create_model_from_checkpoint
+    from timm_recursive.train import create_model_from_checkpoint
     train_script = load_script('train')
     dense, fused = str(tmp_path / 'dense'), str(tmp_path / 'fused')
     assert train_script.main(['--model', 'deit_t_tokenfuse', *TINY_FUSED, 'keep_rate=1.0', *TINY_DATA,

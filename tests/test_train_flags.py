@@ -82,3 +82,22 @@ def test_a_flat_class_folder_trains_with_val_fraction_alone(tmp_path, capsys):
     assert train_script.main(base + ['--epochs', '1', '--val-fraction', '0.25', '--output', str(run)]) == 0
     summary = json.loads((run / 'summary.json').read_text())
     assert summary['eval_images'] == 3 and summary['train_images'] == 6  # of 12: 3 held out to evaluate, 3 to select
+
+
+@pytest.mark.parametrize('name,argv', [
+    ('train_dino', ['--batch', '8']),
+    ('evaluate', ['--model', 'resnet10t', '--max-eval', '8']),
+    ('push_to_hub', ['runs/x', '--dry']),
+    ('probe', ['compose', '--dataset', 'digits', '--out', 'x', '--thresh', '3']),
+])
+def test_every_command_refuses_abbreviations(name, argv, capsys):
+    command = load_script(name)
+    parse = getattr(command, 'parse_args', command.main)
+    with pytest.raises(SystemExit) as exit_info:
+        parse(argv)
+    assert exit_info.value.code == 2 and 'unrecognized arguments' in capsys.readouterr().err
+
+
+def test_dino_and_evaluate_take_the_names_train_uses():
+    assert load_script('train_dino').parse_args(['-b', '8', '-j', '2']).batch_size == 8
+    assert load_script('evaluate').parse_args(['--model', 'resnet10t', '--max-eval-samples', '8']).max_eval_samples == 8

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import timm
 import timm_recursive  # noqa: F401
-from timm_recursive.training import (
+from timm_recursive.train import (
     CheckpointError, StepOutputs, create_model_from_checkpoint, deep_supervision_loss, evaluate_steps,
     find_last_state, load_weights, step_weights)
 
@@ -23,8 +23,8 @@ train_script = load_script('train')
 evaluate_script = load_script('evaluate')
 
 
-def _state_weights(run_dir, name):
-    return load_file(os.path.join(run_dir, 'checkpoints', name, 'model.safetensors'))
+def _state_weights(run_dir, state, filename='model.safetensors'):
+    return load_file(os.path.join(run_dir, 'checkpoints', state, filename))
 
 
 def test_step_weights():
@@ -89,13 +89,20 @@ def test_train_writes_metrics_summary_and_a_loadable_export(tmp_path):
     assert isinstance(model, timm_recursive.models.recursive_classifier.RecursiveClassifier)
     assert model.num_steps == 3 and model.topk == 2
     out = str(tmp_path / 'eval.json')
-    assert evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-samples', '40',
+    assert evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-eval-samples', '40',
                                  '--json', out]) == 0
     assert json.load(open(out))['top1'] == summary['best']['eval_top1_per_step']
     # a training state folder loads too (architecture from the run's args.json)
-    state_model = create_model_from_checkpoint(os.path.join(run, 'checkpoints', 'epoch0002'))
-    saved = _state_weights(run, 'epoch0002')  # keys of the StepOutputs wrapper: 'model.' + name
-    assert all(torch.equal(v, saved['model.' + k]) for k, v in state_model.state_dict().items())
+    state = os.path.join(run, 'checkpoints', 'epoch0002')
+    state_model = create_model_from_checkpoint(state)
+    saved = _state_weights(run, 'epoch0002')  # timm's key names, not the StepOutputs wrapper's
+    assert saved.keys() == state_model.state_dict().keys()
+    assert all(torch.equal(v, saved[k]) for k, v in state_model.state_dict().items())
+    # and in plain timm, which loads checkpoints strictly
+    recorded = json.load(open(os.path.join(run, 'args.json')))
+    plain = timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=recorded['in_chans'],
+                              checkpoint_path=os.path.join(state, 'model.safetensors'), **recorded['model_kwargs'])
+    assert all(torch.equal(v, saved[k]) for k, v in plain.state_dict().items())
 
 
 def _interrupt_after(monkeypatch, calls):
@@ -213,7 +220,7 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
     # each process trains on half of every global batch; evaluation is gathered without duplicates
     assert metrics['epoch'] == 1
     assert json.load(open(os.path.join(run, 'summary.json')))['num_processes'] == 2
-    single = evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-samples', '40',
+    single = evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-eval-samples', '40',
                                    '--json', str(tmp_path / 'e.json')])
     assert single == 0
     assert json.load(open(tmp_path / 'e.json'))['top1'] == json.load(
@@ -229,10 +236,16 @@ def test_bf16_autocast_and_model_ema(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.load(open(os.path.join(run, 'summary.json')))
     assert summary['mixed_precision'] == 'bf16'
-    assert any(f.startswith('custom_checkpoint') for f in os.listdir(os.path.join(run, 'checkpoints', 'epoch0001')))
+    # the EMA is stored beside the model with timm's key names: plain timm loads either
+    state = os.path.join(run, 'checkpoints', 'epoch0001')
+    recorded = json.load(open(os.path.join(run, 'args.json')))
+    for name in ('model.safetensors', 'model_ema.safetensors'):
+        model = timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=recorded['in_chans'],
+                                  checkpoint_path=os.path.join(state, name), **recorded['model_kwargs'])
+        assert all(torch.equal(v, _state_weights(run, 'epoch0001', name)[k]) for k, v in model.state_dict().items())
     # the exported (EMA) weights reproduce the recorded accuracy in float32
     out = str(tmp_path / 'e.json')
-    assert evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-samples', '40', '--json', out]) == 0
+    assert evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-eval-samples', '40', '--json', out]) == 0
     assert json.load(open(out))['top1'] == summary['best']['eval_top1_per_step']
 
 

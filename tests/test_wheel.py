@@ -1,4 +1,5 @@
-"""``python -m build`` makes a wheel that installs into a fresh environment and runs the models there.
+"""``python -m build`` makes a wheel that installs into a fresh environment and runs the models and the
+console commands there.
 
 Offline: the wheel is built without build isolation (setuptools from this environment) and
 installed with ``--no-deps --no-index`` into a new virtual environment, whose dependencies (torch,
@@ -62,3 +63,10 @@ def test_wheel_builds_installs_and_runs_the_models_in_a_fresh_environment(tmp_pa
     result = subprocess.run([python, '-c', CHECK, site], cwd=tmp_path, env=environment, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == 'ok 0.1.0'
+
+    # the console commands of [project.scripts] are installed and answer --help
+    for command in ('timm-recursive-train', 'timm-recursive-evaluate', 'timm-recursive-push-to-hub',
+                    'timm-recursive-train-dino', 'timm-recursive-probe'):
+        result = subprocess.run([str(env / 'bin' / command), '--help'], cwd=tmp_path, env=environment,
+                                capture_output=True, text=True)
+        assert result.returncode == 0 and 'usage:' in result.stdout, (command, result.stderr[-3000:])

@@ -1,7 +1,7 @@
 """DINO self-supervised pretraining pieces (Caron et al., 2021) for any timm ViT.
 
 The entmax-attention source measures entmax attention on DINO ViT-S/16 backbones; these are the
-pieces ``train_scripts/train_dino.py`` assembles, importable by the tests:
+pieces ``timm-recursive-train-dino`` (``timm_recursive.train.commands.train_dino``) assembles:
 
 * ``DINOHead``: MLP -> L2-normalised bottleneck -> weight-normalised prototype layer (the last layer's
   norm optionally frozen at 1, DINO's ``norm_last_layer``);

@@ -241,7 +241,7 @@ def write_report(trace: RecursionTrace, out: str, command: str = '', source: str
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401  registers the models
     from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
-    from timm_recursive.training import CheckpointError, add_model_arguments, collate_classification, model_from_arguments
+    from timm_recursive.train import CheckpointError, add_model_arguments, collate_classification, model_from_arguments
 
     p = argparse.ArgumentParser(description='Step-by-step report on a recursive classifier (plots + report.md)')
     add_model_arguments(p)

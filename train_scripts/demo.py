@@ -27,7 +27,7 @@ from timm_recursive.analysis.efficiency import format_table
 from timm_recursive.data import create_dataset_transform, resolve_dataset
 from timm_recursive.efficiency import build_reports
 from timm_recursive.hub import HUB_ORG, export_run
-from timm_recursive.training import StepOutputs, collate_classification, evaluate_steps
+from timm_recursive.train import StepOutputs, collate_classification, evaluate_steps, run_dir_for
 
 TARGET = 95.0
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,9 +55,11 @@ def show_steps(model, images) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
     parser.add_argument('--output', default='runs/demo')
     args = parser.parse_args()
+    # a previous demo's folder is kept: train.py would write to the next free one, which the demo must read
+    args.output = run_dir_for(args.output, resume=None)
 
     print(f'== 1. Training: python train_scripts/train.py {" ".join(TRAIN_ARGS)} --output {args.output}', flush=True)
     subprocess.run([sys.executable, os.path.join(HERE, 'train.py'), *TRAIN_ARGS, '--output', args.output,

@@ -1,77 +1,8 @@
 #!/usr/bin/env python3
-"""Accuracy (top-1/top-5, at every recursion step) and images/s of a model on a dataset.
-
-    python train_scripts/evaluate.py --checkpoint runs/digits --dataset digits
-    python train_scripts/evaluate.py --model recursive_dsa_moe_tiny.fashion_mnist --pretrained --dataset fashion_mnist
-    python train_scripts/evaluate.py --checkpoint runs/fm/checkpoints/epoch0014 --dataset fashion_mnist
-
-``--checkpoint`` takes an exported folder (``model.safetensors`` + ``config.json``), a training run
-folder, a training state folder, or a weights file (then ``--model`` names the architecture).
-``--model-kwargs num_steps=16`` evaluates a recursive model with more (or fewer) steps than it was
-trained with: its weights do not depend on the number of steps.
-"""
-import argparse
+"""``timm-recursive-evaluate`` as a script: see ``timm_recursive/train/commands/evaluate.py``."""
 import sys
 
-import torch
-from torch.utils.data import DataLoader
-
-import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
-from timm_recursive.training import (
-    CheckpointError, StepOutputs, add_model_arguments, collate_classification, evaluate_steps, model_from_arguments,
-    write_json_atomic)
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_model_arguments(p)
-    p.add_argument('--dataset', default='digits')
-    p.add_argument('--split', default=None, help='split to evaluate (default: test/validation)')
-    p.add_argument('--image-column', default=None)
-    p.add_argument('--label-column', default=None)
-    p.add_argument('--max-samples', type=int, default=None)
-    p.add_argument('--batch-size', type=int, default=256)
-    p.add_argument('--workers', type=int, default=0)
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--json', default=None, help='also write the results to this JSON file')
-    args = p.parse_args(argv)
-    if args.model is None and args.checkpoint is None:
-        p.error('give --model (with --pretrained) and/or --checkpoint')
-    return args
-
-
-def format_results(result: dict) -> str:
-    lines = [f'{"step":>5} {"top-1 %":>9} {"top-5 %":>9}']
-    lines += [f'{t:>5} {a:>9.2f} {b:>9.2f}' for t, (a, b) in enumerate(zip(result['top1'], result['top5']), 1)]
-    lines.append(f'{result["images"]} images, {result["images_per_s"]:.0f} images/s')
-    return '\n'.join(lines)
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        # a named split is all evaluation needs (e.g. an imagefolder with only val/, such as ImageNet's)
-        splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
-                                 train_split=args.split, eval_split=args.split)
-        model = model_from_arguments(args, splits.num_classes).to(args.device).eval()
-    except (DatasetError, CheckpointError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    dataset = splits.eval
-    if args.max_samples:
-        dataset = dataset.select(range(min(args.max_samples, len(dataset))))
-    dataset = dataset.with_transform(create_dataset_transform(model, splits, is_training=False))
-    loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers,
-                        collate_fn=collate_classification)
-    result = evaluate_steps(StepOutputs(model), loader, progress=True, device=args.device)
-    print(f'{args.checkpoint or args.model} on {args.dataset} ({splits.source}):')
-    print(format_results(result))
-    if args.json:
-        write_json_atomic(args.json, {'model': args.model, 'checkpoint': args.checkpoint, 'dataset': args.dataset,
-                                      **result})
-    return 0
-
+from timm_recursive.train.commands.evaluate import main
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -1,51 +1,8 @@
 #!/usr/bin/env python3
-"""Export a training run as a Hugging Face Hub model folder (weights, config, model card) and upload it.
-
-    python train_scripts/push_to_hub.py runs/digits --repo-id me/recursive-digits --dry-run
-    python train_scripts/push_to_hub.py runs/fm_dsa_moe --repo-id me/fm-dsa-moe --weights last
-
-``--dry-run`` writes the folder only (default ``<run>/hub``). Otherwise the folder is uploaded with
-``huggingface_hub`` to ``--repo-id`` (created if needed; token from ``--token``, ``HF_TOKEN`` or
-``huggingface-cli login``). ``--weights best`` publishes the run's exported best epoch,
-``--weights last`` its last epoch (no model selection at all); the card reports the figures the run
-measured for those weights.
-"""
-import argparse
-import os
+"""``timm-recursive-push-to-hub`` as a script: see ``timm_recursive/train/commands/push_to_hub.py``."""
 import sys
 
-import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.hub import HUB_ORG, HubError, export_run, push_to_hub
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument('run', help='training run folder written by train_scripts/train.py')
-    p.add_argument('--repo-id', default=None, help=f'Hub model repo, e.g. user/name (default: {HUB_ORG}/<arch>.<run folder name>)')
-    p.add_argument('--out', default=None, help='export folder (default: <run>/hub)')
-    p.add_argument('--weights', choices=('best', 'last'), default='best')
-    p.add_argument('--include-pickle', action='store_true', help='also write pytorch_model.bin (pickle)')
-    p.add_argument('--dry-run', action='store_true', help='write the folder, do not upload')
-    p.add_argument('--private', action='store_true')
-    p.add_argument('--token', default=None)
-    p.add_argument('--revision', default=None, help='branch to upload to')
-    args = p.parse_args(argv)
-    out = args.out or os.path.join(args.run, 'hub')
-    try:
-        export_run(args.run, out, repo_id=args.repo_id, weights=args.weights, include_pickle=args.include_pickle)
-        print(f'wrote {out}: ' + ', '.join(sorted(os.listdir(out))))
-        if args.dry_run:
-            return 0
-        if not args.repo_id:
-            print('error: --repo-id is needed to upload (or pass --dry-run)', file=sys.stderr)
-            return 2
-        url = push_to_hub(out, args.repo_id, token=args.token, private=args.private, revision=args.revision)
-        print(f'uploaded to {url}')
-    except HubError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    return 0
-
+from timm_recursive.train.commands.push_to_hub import main
 
 if __name__ == '__main__':
     sys.exit(main())

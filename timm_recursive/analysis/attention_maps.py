@@ -164,7 +164,7 @@ def write_pca_comparison(models: Dict[str, nn.Module], images: torch.Tensor, pat
 def compare_main(args) -> int:
     """``--compare NAME=CHECKPOINT ...``: the side-by-side PCA figure of several backbones on the same images."""
     from timm_recursive.data import resolve_model_data_config
-    from timm_recursive.training import create_model_from_checkpoint
+    from timm_recursive.train import create_model_from_checkpoint
 
     models = {}
     for spec in args.compare:

@@ -14,7 +14,7 @@ def print_measurement(args, measure: Callable[[], Dict], markdown: Callable[[Dic
     stack trace.
     """
     from timm_recursive.data import DatasetError
-    from timm_recursive.training import CheckpointError
+    from timm_recursive.train import CheckpointError
     try:
         result = measure()
     except (DatasetError, CheckpointError, TypeError, ValueError) as e:

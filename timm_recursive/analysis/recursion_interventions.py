@@ -201,7 +201,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from timm_recursive.analysis.command import print_measurement
     from timm_recursive.analysis.images import labelled_batches
     from timm_recursive.data import create_dataset_transform, resolve_dataset
-    from timm_recursive.training import add_model_arguments, model_from_arguments
+    from timm_recursive.train import add_model_arguments, model_from_arguments
 
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
     add_model_arguments(p)

@@ -81,7 +81,7 @@ class RecursionTrace:
     first_to_last: Optional[List[float]] = None  # [corrected, regressed] from step 1 to step T (with labels)
 
     def save(self, path: str) -> None:
-        from timm_recursive.training import write_json_atomic
+        from timm_recursive.train import write_json_atomic
         write_json_atomic(path, dataclasses.asdict(self))
 
     @classmethod

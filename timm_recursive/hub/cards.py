@@ -12,7 +12,7 @@ import string
 from typing import Dict, List, Optional
 
 from timm_recursive.models._pretrained import PROJECT_URL
-from timm_recursive.training import INSTALL_COMMAND
+from timm_recursive.train import INSTALL_COMMAND
 
 from .families import CARD_TEMPLATES, card_family, dataset_name
 from .runs import HubError

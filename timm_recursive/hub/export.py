@@ -7,7 +7,7 @@ from typing import Dict, Optional
 import torch
 
 from timm_recursive.models._pretrained import HUB_ORG
-from timm_recursive.training import CheckpointError, create_model_from_checkpoint, export_model, replace_dir
+from timm_recursive.train import CheckpointError, create_model_from_checkpoint, export_model, replace_dir
 
 from .cards import render_model_card
 from .families import dataset_name

@@ -28,7 +28,7 @@ HUB_ORG = 'timm-recursive'
 PROJECT_URL = 'https://github.com/timm-recursive/timm-recursive'
 # arch.tag of the checkpoints uploaded to HUB_ORG (none yet: scripts/hub_folders.sh prepares them)
 PUBLISHED_TAGS = frozenset()
-TRAIN_COMMAND = 'python train_scripts/train.py'
+TRAIN_COMMAND = 'timm-recursive-train'
 
 
 def _resolved_cfg(variant: str, kwargs: dict) -> Dict:

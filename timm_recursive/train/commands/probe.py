@@ -1,0 +1,242 @@
+"""Frozen-feature probes of a ViT backbone (``timm_recursive.probing``), as the source measures DINO models.
+
+    # linear classification on the [CLS] token(s)
+    timm-recursive-probe linear --checkpoint runs/dino_entmax/model --dataset fashion_mnist
+    # dense linear segmentation on patch features (+ [CLS] with --with-cls), mIoU
+    timm-recursive-probe segment --checkpoint runs/dino_entmax/model --dataset data/fm_canvases
+    timm-recursive-probe segment --model vit_small_patch16_224.dino --pretrained \\
+        --dataset scene_parse_150 --reduce-zero-label --img-size 448
+    # a segmentation dataset from a classification one: grids of images, foreground pixels labelled by class
+    timm-recursive-probe compose --dataset fashion_mnist --out data/fm_canvases
+
+The backbone is ``--checkpoint`` (an exported folder such as ``train_dino.py``'s ``model/``, a run or
+state folder) or ``--model`` (with ``--pretrained``); it is built with ``num_classes=0`` and stays frozen.
+Segmentation datasets: a Hub id or local folder with an image column and a per-pixel mask column
+(``mask``, ``annotation`` as in ADE20K, ...); masks and images are resized to ``--img-size`` (nearest
+for masks) and mIoU is computed at that resolution. The result is printed and written to ``--output``.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+import timm_recursive  # noqa: F401  registers the models
+from timm_recursive.data import (
+    DatasetError, create_dataset_transform, image_mode, resolve_dataset, resolve_model_data_config,
+    resolve_segmentation_dataset, to_mask_array, to_pil)
+from timm_recursive.probing import (
+    classification_features, compose_canvases, dense_features, dense_probe, extract_features, linear_probe)
+from timm_recursive.train.checkpoint import CheckpointError
+from timm_recursive.train.evaluate import collate_classification
+from timm_recursive.train.factory import create_classifier, create_model_from_checkpoint
+from timm_recursive.train.files import replace_dir, write_json_atomic
+
+
+def add_probe_arguments(p) -> None:
+    from timm.utils import ParseKwargs
+    g = p.add_argument_group('backbone')
+    g.add_argument('--checkpoint', default=None, help='exported folder, run folder, state folder or weights file')
+    g.add_argument('--model', default=None, help='registered model name (with --pretrained, or for a weights file)')
+    g.add_argument('--pretrained', action='store_true')
+    g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
+    g = p.add_argument_group('data')
+    g.add_argument('--dataset', required=True, help='a Hub id or alias, or a local folder')
+    g.add_argument('--image-column', default=None)
+    g.add_argument('--train-split', default=None)
+    g.add_argument('--eval-split', default=None)
+    g.add_argument('--max-train-samples', type=int, default=None)
+    g.add_argument('--max-eval-samples', type=int, default=None)
+    g.add_argument('--batch-size', type=int, default=128, help='feature extraction batch')
+    g = p.add_argument_group('probe training (on cached features)')
+    g.add_argument('--epochs', type=int, default=100)
+    g.add_argument('--lr', type=float, default=1e-3)
+    g.add_argument('--weight-decay', type=float, default=0.)
+    g.add_argument('--probe-batch-size', type=int, default=256)
+    g.add_argument('--seed', type=int, default=0)
+    g.add_argument('--output', default=None, help='JSON file of the result')
+    g.add_argument('--no-progress', action='store_true')
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split('\n', 1)[1], allow_abbrev=False)
+    sub = p.add_subparsers(dest='command', required=True)
+    linear = sub.add_parser('linear', allow_abbrev=False, help='linear classification probe on [CLS] features')
+    add_probe_arguments(linear)
+    linear.add_argument('--label-column', default=None)
+    linear.add_argument('--n-last-blocks', type=int, default=1,
+                        help='concatenate the [CLS] of the last N blocks (DINO uses 4 for ViT-S)')
+    linear.add_argument('--avgpool-patches', action='store_true', help='append the mean patch token of the last block')
+    segment = sub.add_parser('segment', allow_abbrev=False,
+                             help='dense linear segmentation probe on patch features (mIoU)')
+    add_probe_arguments(segment)
+    segment.add_argument('--mask-column', default=None)
+    segment.add_argument('--num-classes', type=int, default=None, help='default: the largest label in the masks + 1')
+    segment.add_argument('--ignore-index', type=int, default=255, help='label excluded from training and mIoU')
+    segment.add_argument('--reduce-zero-label', action='store_true',
+                         help='ADE20K convention: label 0 is "other" (ignored), the rest shift down by one')
+    segment.add_argument('--img-size', type=int, default=None, help='square probe resolution (default: the model\'s)')
+    segment.add_argument('--with-cls', action='store_true', help='concatenate the [CLS] token to every patch feature')
+    compose = sub.add_parser('compose', allow_abbrev=False, help='segmentation canvases from a classification dataset')
+    compose.add_argument('--dataset', required=True)
+    compose.add_argument('--out', required=True, help='save_to_disk folder to write (train and test splits)')
+    compose.add_argument('--grid', type=int, default=2, help='images per canvas side')
+    compose.add_argument('--threshold', type=int, default=32, help='foreground: pixels brighter than this (0-255)')
+    compose.add_argument('--train-canvases', type=int, default=2000)
+    compose.add_argument('--eval-canvases', type=int, default=500)
+    compose.add_argument('--seed', type=int, default=0)
+    return p.parse_args(argv)
+
+
+def create_backbone(args):
+    """The frozen backbone (``num_classes=0``) named by ``--checkpoint`` or ``--model``."""
+    if args.checkpoint:
+        model = create_model_from_checkpoint(args.checkpoint, args.model, num_classes=0, **args.model_kwargs)
+    elif args.model:
+        model = create_classifier(args.model, 0, pretrained=args.pretrained, **args.model_kwargs)
+    else:
+        raise CheckpointError('name the backbone with --checkpoint or --model')
+    return model.eval().requires_grad_(False)
+
+
+def _limit(dataset, n):
+    return dataset.select(range(min(n, len(dataset)))) if n else dataset
+
+
+def _fit_kwargs(args) -> dict:
+    return dict(epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay, batch_size=args.probe_batch_size,
+                seed=args.seed, progress=not args.no_progress)
+
+
+def run_linear(args, model) -> dict:
+    splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
+                             train_split=args.train_split, eval_split=args.eval_split)
+    transform = create_dataset_transform(model, splits, is_training=False)
+
+    def features(x):
+        return classification_features(model, x, args.n_last_blocks, args.avgpool_patches)
+
+    cached = {}
+    for name, split, limit in (('train', splits.train, args.max_train_samples), ('eval', splits.eval, args.max_eval_samples)):
+        loader = DataLoader(_limit(split, limit).with_transform(transform), batch_size=args.batch_size,
+                            collate_fn=collate_classification)
+        cached[name] = extract_features(features, loader, 'label', progress=not args.no_progress, desc=name)
+    result = linear_probe(*cached['train'], *cached['eval'], splits.num_classes, **_fit_kwargs(args))
+    return {**result, 'n_last_blocks': args.n_last_blocks, 'avgpool_patches': args.avgpool_patches,
+            'dataset_source': splits.source}
+
+
+def segmentation_transform(config: dict, img_size: int, image_column: str, mask_column: str):
+    """``with_transform`` function: image resized to ``img_size`` and normalised, mask resized (nearest)."""
+    from PIL import Image
+    from torchvision import transforms as T
+    from timm.data.transforms import str_to_interp_mode
+
+    image_tf = T.Compose([T.Resize((img_size, img_size), interpolation=str_to_interp_mode(config['interpolation'])),
+                          T.ToTensor(), T.Normalize(config['mean'], config['std'])])
+    mode = image_mode(config)
+
+    def apply(batch):
+        masks = [Image.fromarray(to_mask_array(m).astype(np.int32)).resize((img_size, img_size), Image.NEAREST)
+                 for m in batch[mask_column]]
+        return {'pixel_values': [image_tf(to_pil(img, mode)) for img in batch[image_column]],
+                'mask': [torch.from_numpy(np.asarray(m, dtype=np.int64)) for m in masks]}
+
+    return apply
+
+
+def collate_segmentation(batch):
+    return {'pixel_values': torch.stack([b['pixel_values'] for b in batch]), 'mask': torch.stack([b['mask'] for b in batch])}
+
+
+def run_segment(args, model) -> dict:
+    splits = resolve_segmentation_dataset(args.dataset, image_column=args.image_column, mask_column=args.mask_column,
+                                          train_split=args.train_split, eval_split=args.eval_split)
+    config = resolve_model_data_config(model)
+    img_size = args.img_size or config['input_size'][-1]
+    patch = model.patch_embed.patch_size
+    if img_size % patch[0] or img_size % patch[1]:
+        raise DatasetError(f'--img-size {img_size} is not a multiple of the patch size {tuple(patch)}')
+    if img_size != config['input_size'][-1] and not getattr(model, 'dynamic_img_size', False):
+        model.set_input_size(img_size=(img_size, img_size))  # interpolates the position embedding
+    transform = segmentation_transform(config, img_size, splits.image_column, splits.mask_column)
+
+    def features(x):
+        return dense_features(model, x, with_cls=args.with_cls)
+
+    cached = {}
+    for name, split, limit in (('train', splits.train, args.max_train_samples), ('eval', splits.eval, args.max_eval_samples)):
+        loader = DataLoader(_limit(split, limit).with_transform(transform), batch_size=args.batch_size,
+                            collate_fn=collate_segmentation)
+        # half precision halves the memory of the cached patch grids; the probe computes in fp32
+        feats, masks = extract_features(features, loader, 'mask', dtype=torch.float16, progress=not args.no_progress,
+                                        desc=name)
+        if args.reduce_zero_label:
+            masks = torch.where((masks == 0) | (masks == args.ignore_index), args.ignore_index, masks - 1)
+        cached[name] = feats, masks
+    labels = torch.cat([m[m != args.ignore_index] for _, m in cached.values()])
+    num_classes = args.num_classes or int(labels.max()) + 1
+    result = dense_probe(*cached['train'], *cached['eval'], num_classes, ignore_index=args.ignore_index,
+                         **_fit_kwargs(args))
+    return {**result, 'num_classes': num_classes, 'img_size': img_size, 'with_cls': args.with_cls,
+            'dataset_source': splits.source}
+
+
+def run_compose(args) -> dict:
+    import datasets
+    splits = resolve_dataset(args.dataset)
+    out, written = {}, {}
+    for name, split, count, seed in (('train', splits.train, args.train_canvases, args.seed),
+                                     ('test', splits.eval, args.eval_canvases, args.seed + 1)):
+        as_arrays = split.with_format('numpy')
+        images = as_arrays[splits.image_column]
+        if not (isinstance(images, np.ndarray) and images.ndim == 3 and images.dtype == np.uint8):
+            # encoded or colour images: decode one by one (an array column is read at once above)
+            images = np.stack([np.asarray(to_pil(img, 'L')) for img in split[splits.image_column]])
+        labels = np.asarray(as_arrays[splits.label_column])
+        canvases, masks = compose_canvases(images, labels, count, grid=args.grid, threshold=args.threshold, seed=seed)
+        features = datasets.Features({
+            'image': datasets.Array2D(shape=canvases.shape[1:], dtype='uint8'),
+            'mask': datasets.Array2D(shape=masks.shape[1:], dtype='uint8'),
+        })
+        out[name] = datasets.Dataset.from_dict({'image': canvases, 'mask': masks}, features=features)
+        written[name] = count
+    tmp = f'{args.out}.tmp'
+    datasets.DatasetDict(out).save_to_disk(tmp)
+    names = splits.class_names or [str(i) for i in range(splits.num_classes)]
+    write_json_atomic(os.path.join(tmp, 'classes.json'), {'labels': ['background', *names], 'ignore_index': None})
+    replace_dir(tmp, args.out)
+    return {'out': args.out, 'canvases': written, 'canvas_size': list(canvases.shape[1:]), 'grid': args.grid,
+            'threshold': args.threshold, 'num_classes': len(names) + 1, 'source': splits.source}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    try:
+        if args.command == 'compose':
+            result = run_compose(args)
+        else:
+            torch.manual_seed(args.seed)
+            model = create_backbone(args)
+            result = (run_linear if args.command == 'linear' else run_segment)(args, model)
+            result = {'probe': args.command, 'checkpoint': args.checkpoint, 'model': args.model,
+                      'architecture': model.pretrained_cfg.get('architecture'), 'dataset': args.dataset, **result}
+    except (DatasetError, CheckpointError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    result['wall_time_s'] = time.perf_counter() - start
+    print(json.dumps({k: v for k, v in result.items() if k != 'per_class_iou'}, indent=2))
+    if getattr(args, 'output', None):
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        write_json_atomic(args.output, result)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,453 @@
+"""Train or fine-tune any registered timm model on an image-classification dataset with Accelerate.
+
+    timm-recursive-train --model recursive_dsa_moe_tiny --dataset digits --output runs/digits
+    python train_scripts/train.py ...   (the same command, from a checkout)
+    accelerate launch --num_processes 2 train_scripts/train.py --model ... --dataset fashion_mnist ...
+
+Datasets: anything ``timm_recursive.data.resolve_dataset`` understands (``digits``, Hub ids and
+aliases with an IDX fallback, local folders). Recursive models are trained with deep supervision: the
+loss is ``sum_t w_t CE(logits_t, y) + aux_loss_coef * moe_aux`` with step weights ``w_t`` summing to
+1 (``--step-weighting``: uniform, linear or last), and evaluated at every step.
+
+A run folder holds ``args.json``, ``metrics.jsonl`` (one JSON object per epoch), ``summary.json``,
+``checkpoints/`` (``Accelerator.save_state`` folders written atomically every epoch and on
+SIGINT/SIGTERM, the model and its EMA as timm-named ``model.safetensors``/``model_ema.safetensors``;
+``--resume`` continues from the newest) and ``model/`` (the best weights as ``model.safetensors`` +
+``config.json``, loadable with ``timm.create_model('local-dir:...')``). An ``--output`` that holds a
+previous run is never overwritten: without ``--resume`` the run goes to ``OUTPUT-1`` (then ``-2``, ...).
+The run loop is ``timm_recursive.train.run.RunLoop``, shared with ``timm-recursive-train-dino``.
+
+timm's own ``train.py`` names are accepted where they mean the same (``-b``, ``-j``, ``--amp``,
+``--img-size``/``--input-size``, ``--drop``, ``--layer-decay``, ``--channels-last``,
+``--grad-checkpointing``, ``--torchcompile``, ``--seed``, ``--log-wandb``); abbreviations of option
+names are refused rather than guessed (``--drop`` is not ``--drop-path``).
+"""
+import argparse
+import json
+import logging
+import math
+import os
+import shlex
+import statistics
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader
+from timm.data import Mixup
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3, ParseKwargs
+
+import timm_recursive  # noqa: F401  registers the models
+from timm_recursive.data import DatasetError, create_dataset_transform, hold_out, resolve_dataset
+from timm_recursive.layers import TokenFusionObjective
+from timm_recursive.train.checkpoint import CheckpointError, store_weights_as_timm
+from timm_recursive.train.evaluate import collate_classification, evaluate_steps
+from timm_recursive.train.export import export_model
+from timm_recursive.train.factory import create_classifier
+from timm_recursive.train.files import write_json_atomic
+from timm_recursive.train.losses import STEP_WEIGHTINGS, StepOutputs, deep_supervision_loss, step_weights
+from timm_recursive.train.run import RunLoop, SeededSamples, add_run_arguments, describe_hardware, run_dir_for
+
+_logger = logging.getLogger('train')
+
+# the run configuration a resumed state must match (anything else, e.g. --epochs, may change)
+RESUME_KEYS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'input_size', 'dataset', 'batch_size',
+               'grad_accum_steps', 'opt', 'model_ema', 'seed')
+AMP_DTYPES = {'float16': 'fp16', 'bfloat16': 'bf16'}
+
+
+def parse_args(argv=None):
+    # allow_abbrev=False: a prefix of an option is an error, never silently another option
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                allow_abbrev=False)
+    g = p.add_argument_group('model')
+    g.add_argument('--model', default='recursive_dsa_moe_tiny', help='registered model name, optionally with a .tag')
+    g.add_argument('--pretrained', action='store_true', help='start from the pretrained weights of --model')
+    g.add_argument('--num-classes', type=int, default=None, help='classes (default: the dataset\'s)')
+    g.add_argument('--in-chans', type=int, default=None, help='input channels (default: the pretrained config\'s)')
+    g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs, help='e.g. num_steps=8 topk=6')
+    g.add_argument('--drop', type=float, default=None, help='dropout rate (timm\'s drop_rate)')
+    g.add_argument('--drop-path', type=float, default=None, help='stochastic depth rate')
+    g.add_argument('--img-size', type=int, default=None, help='input image size (default: the pretrained config\'s)')
+    g.add_argument('--input-size', type=int, nargs=3, default=None, metavar=('C', 'H', 'W'),
+                   help='input channels, height and width (default: the pretrained config\'s); a ViT is built '
+                        'for that size (pretrained position embeddings are resampled)')
+    g.add_argument('--grad-checkpointing', action='store_true', help='recompute activations in the backward')
+    g.add_argument('--channels-last', action='store_true',
+                   help='feed images in channels-last layout (convolutions then run channels-last); parameters '
+                        'stay contiguous, since safetensors (states, exports) stores contiguous tensors only')
+    g.add_argument('--torchcompile', nargs='?', const='inductor', default=None, metavar='BACKEND',
+                   help='torch.compile the training forward (default backend: inductor)')
+    g = p.add_argument_group('data')
+    g.add_argument('--dataset', default='digits', help='digits, a Hub id or alias, or a local folder')
+    g.add_argument('--image-column', default=None)
+    g.add_argument('--label-column', default=None)
+    g.add_argument('--train-split', default=None)
+    g.add_argument('--eval-split', default=None)
+    g.add_argument('--val-fraction', type=float, default=0.,
+                   help='hold out this fraction of the train split (stratified) to select the best model; '
+                        'with 0 the best model is selected on the eval split')
+    g.add_argument('--max-train-samples', type=int, default=None, help='use only the first N training images')
+    g.add_argument('--max-eval-samples', type=int, default=None, help='use only the first N eval images')
+    g.add_argument('-j', '--workers', type=int, default=0, help='data loader worker processes')
+    g.add_argument('--scale', type=float, nargs=2, default=(0.08, 1.0), help='RandomResizedCrop scale range')
+    g.add_argument('--ratio', type=float, nargs=2, default=(3. / 4., 4. / 3.), help='RandomResizedCrop aspect range')
+    g.add_argument('--hflip', type=float, default=0.5, help='horizontal flip probability')
+    g.add_argument('--no-aug', action='store_true', help='no training augmentation (eval transform)')
+    g = p.add_argument_group('optimisation')
+    g.add_argument('--epochs', type=int, default=20)
+    g.add_argument('-b', '--batch-size', type=int, default=128, help='per process, per accumulation step')
+    g.add_argument('--eval-batch-size', type=int, default=256)
+    g.add_argument('--grad-accum-steps', type=int, default=1)
+    g.add_argument('--opt', default='adamw')
+    g.add_argument('--lr', type=float, default=1e-3)
+    g.add_argument('--weight-decay', type=float, default=0.05)
+    g.add_argument('--layer-decay', type=float, default=None,
+                   help='layer-wise learning-rate decay (timm\'s, through the model\'s group_matcher)')
+    g.add_argument('--clip-grad', type=float, default=1.0,
+                   help='clip the gradient norm to this value (0: off); the recursion shares weights over '
+                        'every step, and unclipped Adam updates diverged on FashionMNIST at epoch 3')
+    g.add_argument('--sched', default='cosine')
+    g.add_argument('--warmup-epochs', type=int, default=1)
+    g.add_argument('--warmup-lr', type=float, default=1e-5)
+    g.add_argument('--min-lr', type=float, default=1e-5)
+    g.add_argument('--label-smoothing', type=float, default=0.1)
+    g.add_argument('--mixup', type=float, default=0., help='Mixup alpha (0: off)')
+    g.add_argument('--cutmix', type=float, default=0., help='CutMix alpha (0: off)')
+    g.add_argument('--mixup-prob', type=float, default=1.0)
+    g.add_argument('--model-ema', action='store_true', help='keep an EMA of the weights (timm ModelEmaV3); '
+                   'it is evaluated and exported instead of the raw weights')
+    g.add_argument('--model-ema-decay', type=float, default=0.999)
+    g.add_argument('--step-weighting', default='uniform', choices=STEP_WEIGHTINGS,
+                   help='weights of the per-step losses (recursive models)')
+    g.add_argument('--aux-loss-coef', type=float, default=0.01, help='coefficient of the MoE auxiliary loss')
+    g.add_argument('--mixed-precision', default=None, choices=('no', 'bf16', 'fp16'), help='default: no')
+    g.add_argument('--amp', action='store_true', help='mixed precision in --amp-dtype (timm\'s name)')
+    g.add_argument('--amp-dtype', default='float16', choices=tuple(AMP_DTYPES))
+    g = p.add_argument_group('token fusion objective', 'models with TokenFusion layers (*_tokenfuse): the loss '
+                             'becomes CE + alpha L_imp + beta L_div (timm_recursive.layers.TokenFusionObjective)')
+    g.add_argument('--fusion-imp-weight', type=float, default=0.,
+                   help='alpha: weight of L_imp, the [CLS] attention mass outside the kept tokens')
+    g.add_argument('--fusion-div-weight', type=float, default=0.,
+                   help='beta: weight of L_div, the fused tokens\' within-cluster over total dispersion')
+    g = p.add_argument_group('run')
+    g.add_argument('--seeds', '--seed', dest='seeds', type=int, nargs='+', default=[0],
+                   help='one run per seed; mean and std reported')
+    add_run_arguments(g, default_output='runs/train')  # one sub-folder per seed when several
+    g.add_argument('--log-with', nargs='+', default=None, metavar='TRACKER',
+                   help='Accelerate experiment trackers to log every epoch to (e.g. wandb, tensorboard, mlflow, all)')
+    g.add_argument('--log-wandb', action='store_true', help='timm\'s name for --log-with wandb')
+    g.add_argument('--experiment', default='timm-recursive', help='tracker project name')
+    args = p.parse_args(argv)
+    if args.epochs < 1:
+        p.error(f'--epochs must be at least 1, got {args.epochs}')
+    if args.amp:
+        if args.mixed_precision not in (None, AMP_DTYPES[args.amp_dtype]):
+            p.error(f'--amp --amp-dtype {args.amp_dtype} contradicts --mixed-precision {args.mixed_precision}')
+        args.mixed_precision = AMP_DTYPES[args.amp_dtype]
+    args.mixed_precision = args.mixed_precision or 'no'
+    if args.img_size is not None and args.input_size is not None:
+        p.error('give --img-size or --input-size, not both')
+    if args.log_wandb:
+        args.log_with = list(dict.fromkeys([*(args.log_with or []), 'wandb']))
+    if args.val_fraction < 0 or args.val_fraction >= 1:
+        p.error(f'--val-fraction must be in [0, 1), got {args.val_fraction}')
+    if args.resume not in (None, 'auto') and len(args.seeds) > 1:
+        p.error('--resume PATH resumes one run; use --resume (auto) with several --seeds')
+    return args
+
+
+def input_size_override(args):
+    """``(in_chans or None, (H, W))`` from ``--input-size`` / ``--img-size``, or None when neither is given."""
+    if args.input_size is not None:
+        chans, height, width = args.input_size
+        if args.in_chans is not None and args.in_chans != chans:
+            raise CheckpointError(f'--in-chans {args.in_chans} contradicts --input-size {chans} {height} {width}')
+        return chans, (height, width)
+    return (args.in_chans, (args.img_size, args.img_size)) if args.img_size is not None else None
+
+
+def architecture_kwargs(args) -> dict:
+    """``--model-kwargs`` plus the image size that a model built for one size (a ViT) must be built for
+    under ``--input-size``/``--img-size``: what rebuilds the architecture (recorded in ``args.json``)."""
+    import timm
+    kwargs = dict(args.model_kwargs)
+    override = input_size_override(args)
+    cfg = timm.models.get_pretrained_cfg(args.model) if timm.is_model(args.model.split('.')[0]) else None
+    if override is not None and cfg is not None and cfg.fixed_input_size:
+        kwargs.setdefault('img_size', list(override[1]))
+    return kwargs
+
+
+def create_model(args, num_classes: int):
+    """The model of ``--model`` and its input channels (default: its pretrained config's).
+
+    ``--input-size``/``--img-size`` replace the input size of the model's pretrained config (which the
+    data transforms and the exported ``config.json`` read); a model built for one size (a ViT) is
+    built for the new one.
+    """
+    kwargs = architecture_kwargs(args)
+    for option, name in (('drop', 'drop_rate'), ('drop_path', 'drop_path_rate')):
+        if getattr(args, option) is not None:
+            kwargs[name] = getattr(args, option)
+    override = input_size_override(args)
+    in_chans = args.in_chans if override is None else override[0]
+    model = create_classifier(args.model, num_classes, pretrained=args.pretrained, in_chans=in_chans, **kwargs)
+    in_chans = int(model.pretrained_cfg.get('input_size', (3,))[0]) if in_chans is None else in_chans
+    if override is not None:
+        model.pretrained_cfg = {**model.pretrained_cfg, 'input_size': (in_chans, *override[1])}
+    if args.grad_checkpointing:
+        model.set_grad_checkpointing(True)
+    return model, in_chans
+
+
+def tracker_values(values: dict) -> dict:
+    """``values`` as trackers take them: numbers and strings, lists spread into one key per element."""
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
+            flat.update({f'{key}/{i + 1}': v for i, v in enumerate(value)})
+        elif isinstance(value, (int, float, str, bool)):
+            flat[key] = value
+        elif value is not None:
+            flat[key] = json.dumps(value)
+    return flat
+
+
+def load_splits(args):
+    splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
+                             train_split=args.train_split, eval_split=args.eval_split, num_classes=args.num_classes,
+                             holdout_eval_fraction=args.val_fraction)
+    selection = None
+    if args.val_fraction > 0:
+        splits.train, selection = hold_out(splits.train, args.val_fraction, splits.label_column)
+    if args.max_train_samples:
+        splits.train = splits.train.select(range(min(args.max_train_samples, len(splits.train))))
+    if args.max_eval_samples:
+        splits.eval = splits.eval.select(range(min(args.max_eval_samples, len(splits.eval))))
+    return splits, selection
+
+
+def format_summary(rows, num_steps: int) -> str:
+    """Table of per-step top-1 accuracy, one row per (name, result)."""
+    shown = list(range(num_steps)) if num_steps <= 16 else list(range(0, num_steps, max(1, num_steps // 8))) + [num_steps - 1]
+    head = f'{"":<16}' + ''.join(f'{"t=" + str(t + 1):>8}' for t in shown)
+    lines = [head]
+    for name, top1 in rows:
+        lines.append(f'{name:<16}' + ''.join(f'{top1[t]:>8.2f}' for t in shown))
+    return '\n'.join(lines)
+
+
+def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
+    from accelerate import Accelerator, DistributedDataParallelKwargs
+    from accelerate.utils import set_seed
+
+    accelerator = Accelerator(
+        mixed_precision=args.mixed_precision, gradient_accumulation_steps=args.grad_accum_steps,
+        log_with=args.log_with, project_dir=run_dir,
+        # experts that receive no token in a batch get no gradient: DDP must tolerate unused parameters
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    main = accelerator.is_main_process
+    log = _logger.info if main else _logger.debug
+    run_config = {k: getattr(args, k) for k in vars(args)} | {'seed': seed}
+    run_config['model_kwargs'] = architecture_kwargs(args)
+    run_config['command'] = shlex.join(['python', 'train_scripts/train.py', *(sys.argv[1:] if argv is None else argv)])
+    loop = RunLoop(accelerator, run_dir, run_config, RESUME_KEYS, seed=seed, epochs=args.epochs,
+                   keep_states=args.keep_states, resume=args.resume, progress=not args.no_progress)
+
+    set_seed(seed)
+    splits, selection = load_splits(args)
+    for note in splits.notes:
+        log(note)
+    num_classes = splits.num_classes
+    run_config['num_classes'] = num_classes
+    model, run_config['in_chans'] = create_model(args, num_classes)
+    override = input_size_override(args)
+    run_config['input_size'] = [run_config['in_chans'], *override[1]] if override else None
+    train_tf = create_dataset_transform(model, splits, is_training=not args.no_aug, **(
+        {} if args.no_aug else dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip)))
+    eval_tf = create_dataset_transform(model, splits, is_training=False)
+    train_ds = SeededSamples(splits.train, train_tf, seed)
+    eval_ds = splits.eval.with_transform(eval_tf)
+    select_ds = selection.with_transform(eval_tf) if selection is not None else None
+    loader_kw = dict(collate_fn=collate_classification, num_workers=args.workers)  # workers see set_epoch
+    shuffle_generator = torch.Generator()
+    train_loader = DataLoader(
+        train_ds, batch_size=args.batch_size, shuffle=True, generator=shuffle_generator,
+        drop_last=len(train_ds) >= args.batch_size * accelerator.num_processes, **loader_kw)
+    eval_loader = DataLoader(eval_ds, batch_size=args.eval_batch_size, **loader_kw)
+    select_loader = DataLoader(select_ds, batch_size=args.eval_batch_size, **loader_kw) if select_ds is not None else None
+
+    fusion_objective = None
+    if args.fusion_imp_weight or args.fusion_div_weight:
+        try:
+            fusion_objective = TokenFusionObjective(model, args.fusion_imp_weight, args.fusion_div_weight)
+        except ValueError as e:
+            raise SystemExit(f'error: --fusion-imp-weight/--fusion-div-weight: {e}')
+    net = StepOutputs(model)
+    if args.torchcompile:
+        net.compile(backend=args.torchcompile)  # in place: state dict keys (and saved states) unchanged
+    optimizer = create_optimizer_v2(model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay,
+                                    layer_decay=args.layer_decay)
+    net, optimizer, train_loader, eval_loader = accelerator.prepare(net, optimizer, train_loader, eval_loader)
+    if select_loader is not None:
+        select_loader = accelerator.prepare(select_loader)
+    store_weights_as_timm(accelerator, lambda m: m.model if isinstance(m, StepOutputs) else None)
+    updates_per_epoch = max(1, len(train_loader) // args.grad_accum_steps)
+    scheduler, _ = create_scheduler_v2(
+        optimizer, sched=args.sched, num_epochs=args.epochs, warmup_epochs=args.warmup_epochs,
+        warmup_lr=args.warmup_lr, min_lr=args.min_lr, step_on_epochs=False, updates_per_epoch=updates_per_epoch)
+    ema = None
+    if args.model_ema:
+        ema = ModelEmaV3(accelerator.unwrap_model(net).model, decay=args.model_ema_decay)
+        loop.modules['model_ema.safetensors'] = ema.module
+    ema_net = StepOutputs(ema.module) if ema is not None else None
+
+    mixup = None
+    if args.mixup > 0 or args.cutmix > 0:
+        mixup = Mixup(mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, prob=args.mixup_prob,
+                      label_smoothing=args.label_smoothing, num_classes=num_classes)
+    num_steps = accelerator.unwrap_model(net).num_steps
+    weights = step_weights(num_steps, args.step_weighting)
+
+    best = loop.resume().get('best')
+    if args.log_with:
+        accelerator.init_trackers(args.experiment, config=tracker_values(run_config))
+
+    def train_step(batch, epoch: int, step: int):
+        x, target = batch['pixel_values'], batch['label']
+        if args.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if mixup is not None:
+            x, target = mixup(x, target)
+        values = {}
+        with accelerator.accumulate(net):
+            step_logits, aux = net(x)
+            ce = deep_supervision_loss(step_logits, target, weights,
+                                       label_smoothing=0. if mixup is not None else args.label_smoothing)
+            loss = ce + args.aux_loss_coef * aux.float()
+            if fusion_objective is not None:
+                fusion_loss, _ = fusion_objective()
+                loss = loss + fusion_loss
+                values['fusion_loss'] = fusion_loss.item()
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f'loss is {loss.item()} at epoch {epoch + 1}, step {step}')
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:  # the norm before clipping is logged either way
+                values['grad_norm'] = float(accelerator.clip_grad_norm_(net.parameters(), args.clip_grad or math.inf))
+            optimizer.step()
+            optimizer.zero_grad()
+        if accelerator.sync_gradients:
+            # updates so far: one per accumulation window, the epoch's last (maybe partial) window included
+            num_updates = epoch * updates_per_epoch + math.ceil((step + 1) / args.grad_accum_steps)
+            scheduler.step_update(num_updates)
+            if ema is not None:
+                ema.update(accelerator.unwrap_model(net).model, step=num_updates)
+        return x.shape[0], {'loss': loss.item(), 'ce': ce.item(), 'aux': aux.item(), **values}
+
+    export_dir = os.path.join(run_dir, 'model')
+    run_start = time.perf_counter()
+    label_names = splits.class_names if splits.class_names and len(splits.class_names) == num_classes else None
+
+    def end_epoch(epoch: int, meter) -> dict:
+        nonlocal best
+        scheduler.step(epoch + 1)
+        eval_net = ema_net if ema_net is not None else net
+        result = evaluate_steps(eval_net, eval_loader, accelerator, progress=not args.no_progress)
+        selected = evaluate_steps(eval_net, select_loader, accelerator) if select_loader is not None else result
+        record = {
+            'epoch': epoch + 1,
+            'train_loss': meter.mean('loss'), 'train_ce': meter.mean('ce'), 'train_aux': meter.mean('aux'),
+            'train_fusion_loss': meter.mean('fusion_loss'), 'lr': optimizer.param_groups[0]['lr'],
+            'grad_norm_mean': meter.mean('grad_norm', None), 'grad_norm_max': meter.max('grad_norm'),
+            'train_images_per_s': meter.images_per_s,
+            'eval_loss': result['loss'], 'eval_top1': result['top1'][-1], 'eval_top5': result['top5'][-1],
+            'eval_top1_per_step': result['top1'], 'eval_top5_per_step': result['top5'],
+            'eval_first_to_last': result['first_to_last'], 'eval_images_per_s': result['images_per_s'],
+            'selection_top1': selected['top1'][-1],
+        }
+        if args.log_with:
+            accelerator.log(tracker_values(record), step=epoch + 1)
+        is_best = best is None or record['selection_top1'] > best['selection_top1']
+        if is_best:
+            best = {k: record[k] for k in ('epoch', 'selection_top1', 'eval_top1', 'eval_top1_per_step')}
+            if main:
+                export_model(ema.module if ema is not None else accelerator.unwrap_model(net).model, export_dir,
+                             label_names=label_names)
+        log(f'epoch {epoch + 1}: train loss {record["train_loss"]:.4f} (grad norm mean '
+            f'{record["grad_norm_mean"]:.2f}, max {record["grad_norm_max"]:.2f}), eval top-1 {record["eval_top1"]:.2f}% '
+            f'(step 1: {result["top1"][0]:.2f}%), top-5 {record["eval_top5"]:.2f}%, '
+            f'{record["train_images_per_s"]:.0f} img/s' + (' *best*' if is_best else ''))
+        return record
+
+    net.train()
+    stopped_at = loop.run(train_loader, shuffle_generator, train_step, end_epoch, lambda: {'best': best})
+    if stopped_at is not None:
+        return {'interrupted': True, 'state': stopped_at}
+
+    final = loop.history[-1] if loop.history else None
+    summary = {
+        'model': args.model, 'model_kwargs': run_config['model_kwargs'], 'dataset': args.dataset, 'seed': seed,
+        'num_processes': accelerator.num_processes, 'mixed_precision': args.mixed_precision,
+        'command': run_config['command'], 'hardware': describe_hardware(accelerator),
+        'train_images': len(train_ds), 'eval_images': len(eval_ds), 'class_names': label_names,
+        'dataset_source': splits.source, 'num_classes': num_classes, 'num_steps': num_steps,
+        'epochs': args.epochs, 'final': final, 'best': best, 'export_dir': export_dir,
+        'selection': 'held-out train fraction' if select_loader is not None else 'eval split',
+        'wall_time_s': final['wall_time_s'] if final else 0., 'this_session_s': time.perf_counter() - run_start,
+    }
+    loop.finish(summary)
+    return summary
+
+
+def report(summaries, num_steps: int) -> str:
+    rows = [(f'seed {s["seed"]} final', s['final']['eval_top1_per_step']) for s in summaries]
+    text = ['Eval top-1 (%) per recursion step, last epoch:', format_summary(rows, num_steps)]
+    finals = [s['final']['eval_top1'] for s in summaries]
+    if len(finals) > 1:
+        text.append(f'final-step top-1 over {len(finals)} seeds: mean {statistics.mean(finals):.2f}%, '
+                    f'std {statistics.stdev(finals):.2f}%')
+    for s in summaries:
+        f = s['final']
+        text.append(f'seed {s["seed"]}: top-1 {f["eval_top1"]:.2f}%, top-5 {f["eval_top5"]:.2f}%, '
+                    f'{f["train_images_per_s"]:.0f} train img/s, {f["eval_images_per_s"]:.0f} eval img/s, '
+                    f'{s["wall_time_s"] / 60:.1f} min; best epoch {s["best"]["epoch"]} (selected on '
+                    f'{s["selection"]}) exported to {s["export_dir"]}')
+    return '\n'.join(text)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format='%(message)s')
+    logging.getLogger('accelerate').setLevel(logging.WARNING)  # it logs every file of every saved state
+    summaries = []
+    try:
+        args.output = run_dir_for(args.output, args.resume)
+        for seed in args.seeds:
+            run_dir = args.output if len(args.seeds) == 1 else os.path.join(args.output, f'seed{seed}')
+            summary = train_one_seed(args, seed, run_dir, argv)
+            if summary.get('interrupted'):
+                return 130
+            summaries.append(summary)
+    except (DatasetError, CheckpointError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    from accelerate import PartialState
+    if PartialState().is_main_process and summaries and summaries[0]['final'] is not None:
+        print(report(summaries, summaries[0]['num_steps']))
+        if len(summaries) > 1:
+            finals = [s['final']['eval_top1'] for s in summaries]
+            per_step = [list(v) for v in zip(*(s['final']['eval_top1_per_step'] for s in summaries))]
+            write_json_atomic(os.path.join(args.output, 'seeds_summary.json'), {
+                'seeds': args.seeds, 'final_top1': finals, 'mean': statistics.mean(finals),
+                'std': statistics.stdev(finals),
+                'per_step_mean': [statistics.mean(v) for v in per_step],
+                'per_step_std': [statistics.stdev(v) for v in per_step],
+            })
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

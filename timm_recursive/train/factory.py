@@ -1,0 +1,87 @@
+"""Models from a registered name, a checkpoint of any kind, or the command-line arguments naming either."""
+import json
+import os
+from typing import Optional
+
+from torch import nn
+
+from .checkpoint import CheckpointError, load_weights
+
+__all__ = ['create_classifier', 'create_model_from_checkpoint', 'add_model_arguments', 'model_from_arguments']
+
+
+def create_model_from_checkpoint(checkpoint: str, model_name: Optional[str] = None, **kwargs) -> nn.Module:
+    """A timm model from an exported folder, a training run or state folder, or a weights file.
+
+    * folder with ``config.json`` + weights (``export_model`` / Hub layout): ``local-dir:`` loading;
+    * training run folder: its ``model/`` export;
+    * training state folder (``checkpoints/epochN``) or a weights file: ``model_name`` (or the run's
+      ``args.json`` two levels up) gives the architecture, then the weights load strictly.
+    """
+    import timm
+    if os.path.isdir(checkpoint) and os.path.isfile(os.path.join(checkpoint, 'model', 'config.json')):
+        checkpoint = os.path.join(checkpoint, 'model')
+    if os.path.isdir(checkpoint) and os.path.isfile(os.path.join(checkpoint, 'config.json')):
+        try:
+            return timm.create_model(f'local-dir:{os.path.abspath(checkpoint)}', pretrained=True, **kwargs)
+        except (RuntimeError, OSError, ValueError) as e:
+            raise CheckpointError(f'cannot load exported model {checkpoint}: {type(e).__name__}: {e}') from e
+    weights = checkpoint
+    if os.path.isdir(checkpoint):
+        weights = os.path.join(checkpoint, 'model.safetensors')
+        run_args = os.path.join(checkpoint, os.pardir, os.pardir, 'args.json')
+        if model_name is None and os.path.isfile(run_args):
+            with open(run_args) as f:
+                recorded = json.load(f)
+            model_name = recorded['model']
+            kwargs = {**recorded.get('model_kwargs', {}), 'num_classes': recorded['num_classes'],
+                      'in_chans': recorded['in_chans'], **kwargs}
+    if model_name is None:
+        raise CheckpointError(f'{checkpoint} does not say which architecture it holds: pass the model name')
+    return load_weights(timm.create_model(model_name, **kwargs), weights)
+
+
+def create_classifier(model_name: str, num_classes: int, pretrained: bool = False, in_chans: Optional[int] = None,
+                      **kwargs) -> nn.Module:
+    """``timm.create_model`` for a classification dataset, with clear errors.
+
+    ``in_chans`` defaults to the pretrained config's channels (1 for the ``.mnist`` /
+    ``.fashion_mnist`` tags). An unknown name, or pretrained weights that cannot be fetched (offline,
+    missing on the Hub) or loaded, raise ``CheckpointError`` naming the model and the cause.
+    """
+    import timm
+    if not timm.is_model(model_name.split('.')[0]) and not model_name.startswith(('hf-hub:', 'local-dir:')):
+        raise CheckpointError(f'unknown model {model_name!r} (is timm_recursive imported? see timm.list_models())')
+    cfg = timm.models.get_pretrained_cfg(model_name)
+    if in_chans is None:
+        in_chans = cfg.input_size[0] if cfg is not None and cfg.input_size else 3
+    try:
+        return timm.create_model(model_name, pretrained=pretrained, num_classes=num_classes, in_chans=in_chans,
+                                 **kwargs)
+    except (OSError, RuntimeError) as e:  # hub errors are OSErrors; mismatched weights RuntimeErrors
+        if not pretrained:
+            raise
+        source = getattr(cfg, 'hf_hub_id', None) or getattr(cfg, 'url', None) or model_name
+        raise CheckpointError(f'cannot load the pretrained weights of {model_name} from {source}: '
+                              f'{type(e).__name__}: {str(e).splitlines()[0]}') from e
+
+
+def add_model_arguments(parser) -> None:
+    """The command-line arguments that choose a model to evaluate or inspect (see ``model_from_arguments``)."""
+    from timm.utils import ParseKwargs
+    parser.add_argument('--model', default=None, help='registered model name (with --pretrained, or for a weights file)')
+    parser.add_argument('--pretrained', action='store_true')
+    parser.add_argument('--checkpoint', default=None, help='exported folder, run folder, state folder or weights file')
+    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
+
+
+def model_from_arguments(args, num_classes: int) -> nn.Module:
+    """The model ``add_model_arguments``'s arguments name (a checkpoint, or a registered, maybe pretrained,
+    model), checked to predict the dataset's ``num_classes`` classes (``CheckpointError`` otherwise)."""
+    if args.checkpoint:
+        model = create_model_from_checkpoint(args.checkpoint, args.model, **args.model_kwargs)
+    else:
+        model = create_classifier(args.model, num_classes, pretrained=args.pretrained, **args.model_kwargs)
+    if model.num_classes != num_classes:
+        raise CheckpointError(f'the model predicts {model.num_classes} classes, the dataset has {num_classes}')
+    return model
