@@ -1,4 +1,4 @@
-"""The digits demo's tables, from the training run ``make demo`` leaves (``results/summary.json``, ``metrics.jsonl``)."""
+"""The digits demo's tables, from the training run ``make demo`` leaves (``summary.json``, ``metrics.jsonl``)."""
 import json
 import pathlib
 from typing import Dict
@@ -12,7 +12,8 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     best, final = summary['best'], summary['final']
     num_steps = len(final['eval_top1_per_step'])
     per_step = [
-        [f'exported: epoch {best["epoch"]} (best on the {summary["selection"]})', *map(pct, best['eval_top1_per_step'])],
+        [f'exported: epoch {best["epoch"]} (best on the {summary["selection"]})',
+         *map(pct, best['eval_top1_per_step'])],
         [f'last: epoch {final["epoch"]}', *map(pct, final['eval_top1_per_step'])],
     ]
     return {

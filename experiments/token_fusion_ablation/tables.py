@@ -33,7 +33,9 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
 
     def cost_cells(name: str) -> List[str]:
         c = cost.get(name)
-        return ['—', '—'] if c is None else [f'{c["gmacs"] * 1e3:.2f}', f'{c["images_per_s"]:.0f} ({c["speedup"]:.2f}x)']
+        if c is None:
+            return ['—', '—']
+        return [f'{c["gmacs"] * 1e3:.2f}', f'{c["images_per_s"]:.0f} ({c["speedup"]:.2f}x)']
 
     main = [['dense', '1.0', *cost_cells('dense'), pct(r['dense']['top1']), _top1(finetuned.get('dense'))]]
     for mode in modes:

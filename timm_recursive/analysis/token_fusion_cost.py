@@ -3,7 +3,7 @@
 ``torch.utils.flop_counter.FlopCounterMode`` does not see inside the fused attention kernel nor
 ``torch.cdist``: the model is counted with the fused kernel off, and the clustering of every
 recorded reduction (pairwise distances and merges, ``timm_recursive.layers.clustering_macs``) is
-added analytically. Used by ``benchmarks/tokenfuse_cost.py`` and ``benchmarks/tokenfuse_ablation.py``.
+added analytically. Used by ``benchmarks/tokenfuse_cost.py`` and ``experiments/token_fusion_ablation/run.py``.
 """
 from typing import Dict
 
