@@ -4,7 +4,7 @@
 # Usage: experiments/speed/run.sh OUTPUT_DIR [BENCHMARK ...]
 #   BENCHMARK: efficiency entmax_speed recursive_train_speed tokenfuse_cost compile_speed (default: all;
 #   compile_speed took 76 min of wall time here). OUTPUT_DIR must not exist: a run never overwrites another.
-# The committed results are updated only by copying from OUTPUT_DIR:  cp OUTPUT_DIR/*.json experiments/speed/results/
+# The committed results are updated only by copying the run's folder:  cp -r OUTPUT_DIR experiments/speed/results/
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 [ $# -ge 1 ] || { echo "usage: $0 OUTPUT_DIR [BENCHMARK ...]" >&2; exit 2; }
@@ -29,6 +29,8 @@ done
 mkdir -p "$out"
 cd "$root"
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+commit=$(git rev-parse HEAD)
+git diff --quiet HEAD -- benchmarks timm_recursive || commit="$commit (with uncommitted changes)"
 walls=()
 for name in "${selected[@]}"; do
     echo "+ python ${commands[$name]} > $out/$name.json" >&2
@@ -38,8 +40,6 @@ for name in "${selected[@]}"; do
     mv "$out/$name.json.tmp" "$out/$name.json"
     walls+=("\"$name\": {\"command\": \"python ${commands[$name]}\", \"wall_s\": $(($(date +%s) - start))}")
 done
-commit=$(git rev-parse HEAD)
-git diff --quiet HEAD -- benchmarks timm_recursive || commit="$commit (with uncommitted changes)"
 cat > "$out/provenance.json" <<JSON
 {
   "started": "$started",
