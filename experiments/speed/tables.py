@@ -75,8 +75,11 @@ def across_runs_table(results: pathlib.Path) -> str:
             mlp = r['recursive_sa_mlp_cifar']['images_per_s']
             row += [_x(r[name]['images_per_s'] / mlp) if name in r else '—'
                     for name in ('recursive_sa_moe_cifar', 'recursive_dsa_moe_cifar')]
+            row += [_x(r[f'{name}:grad_window=0']['images_per_s'] / r[name]['images_per_s'])
+                    if f'{name}:grad_window=0' in r else '—'
+                    for name in ('recursive_sa_mlp_cifar', 'recursive_dsa_moe_cifar')]
         else:
-            row += ['—', '—']
+            row += ['—'] * 4
         if entmax.exists():
             e = json.loads(entmax.read_text())['results']
             row += [_x(e['attention operator']['entmax-1.5 (timm_recursive)']['vs_softmax']),
@@ -85,6 +88,7 @@ def across_runs_table(results: pathlib.Path) -> str:
             row += ['—', '—']
         rows.append(row)
     return markdown_table(['run', 'started', 'SA-MoE / SA-MLP images/s', 'DSA-MoE / SA-MLP images/s',
+                           'SA-MLP detached / default images/s', 'DSA-MoE detached / default images/s',
                            'entmax / softmax time, attention operator', 'entmax / softmax time, ViT-S'], rows)
 
 
