@@ -15,7 +15,7 @@ TEST_ENV := $(OFFLINE_ENV) OMP_NUM_THREADS=1 TORCH_EXTENSIONS_DIR=$(CURDIR)/.cac
 help:
 	@echo "make demo    train a recursive DSA-MoE on digits, show it step by step, reload it (installs first)"
 	@echo "make test    create the environment and run every test"
-	@echo "make bench   training-speed benchmark of SA-MLP, SA-MoE, DSA-MoE (slow, not a test)"
+	@echo "make bench   the speed study's benchmarks into runs/speed/ (slow, not a test; see experiments/speed)"
 	@echo "make fashion-mnist  experiments/fashion_mnist_baselines: three variants, 24 epochs (about 3 h on 2 CPU cores)"
 	@echo "make ablations      experiments/recursion_refinement: the source's ablations on a FashionMNIST subset (variants x 3 seeds, k, depth, gradient path; about 2 h on 2 CPU cores)"
 	@echo "make hub-folders    publish-ready Hub folders and model_cards/ of the ablations' seed-0 runs and the demo's"
@@ -45,8 +45,9 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(OFFLINE_ENV) $(PY) train_scripts/demo.py
 
+# the speed study (experiments/speed): every benchmark into a fresh runs/speed/<time>/ folder
 bench: $(STAMP)
-	$(PY) benchmarks/recursive_train_speed.py
+	PYTHON=$(PY) experiments/speed/run.sh runs/speed/$$(date -u +%Y%m%d-%H%M%S)
 
 # the FashionMNIST IDX files come from the Hub or Debian's dataset-fashion-mnist package; a stopped run resumes
 fashion-mnist: $(STAMP)

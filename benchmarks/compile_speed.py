@@ -7,10 +7,10 @@ Two copies of one model (same weights) train on the same random batches: one eag
 ``forward_steps`` is compiled (``torch.compile``; the MoE layer then runs every expert on every
 token under the sparse gate matrix, with no host read, so the recursion is one graph). A training
 step is the forward over every recursion step, the deep-supervised cross-entropy plus the MoE
-auxiliary loss, the backward and a fused AdamW update (``recursive_train_speed.train_step``). The
-first compiled call (compilation) is timed on its own; then the two are timed interleaved, median
-of ``--repeats``. Graph breaks and recompilations come from dynamo's counters. Compare the ratio
-within one run: absolute times on a shared CPU are noisy.
+auxiliary loss, the backward and a fused AdamW update (``timm_recursive.analysis.timing.recursive_train_step``,
+the step ``recursive_train_speed.py`` times). The first compiled call (compilation) is timed on its
+own; then the two are timed interleaved, median of ``--repeats``. Graph breaks and recompilations
+come from dynamo's counters. Compare the ratio within one run: absolute times on a shared CPU are noisy.
 """
 import argparse
 import copy
@@ -22,8 +22,7 @@ import torch
 import timm
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import time_interleaved
-from recursive_train_speed import train_step  # this folder is on sys.path when run as a script
+from timm_recursive.analysis.timing import recursive_train_step, time_interleaved
 
 
 def main():
@@ -54,7 +53,7 @@ def main():
 
     def step(name, model):
         def run():
-            train_step(model, optimizers[name], images, labels, args.aux_weight)
+            recursive_train_step(model, optimizers[name], images, labels, args.aux_weight)
             if images.is_cuda:
                 torch.cuda.synchronize()
         return run

@@ -19,23 +19,13 @@ import json
 import statistics
 
 import torch
-import torch.nn.functional as F
 import timm
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import time_interleaved
+from timm_recursive.analysis.timing import recursive_train_step, time_interleaved
 from timm_recursive.efficiency import parse_model_spec
 
 DEFAULT_MODELS = ['recursive_sa_mlp_cifar', 'recursive_sa_moe_cifar', 'recursive_dsa_moe_cifar']
-
-
-def train_step(model, optimizer, images, labels, aux_weight: float) -> None:
-    step_logits, aux = model.forward_steps(images)
-    num_steps, batch = step_logits.shape[:2]
-    loss = F.cross_entropy(step_logits.flatten(0, 1), labels.repeat(num_steps)) + aux_weight * aux
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
 
 
 def main():
@@ -64,7 +54,7 @@ def main():
     def steps(name):
         def run():
             for images, labels in batches:
-                train_step(models[name], optimizers[name], images, labels, args.aux_weight)
+                recursive_train_step(models[name], optimizers[name], images, labels, args.aux_weight)
         return run
 
     seconds = time_interleaved({name: steps(name) for name in models}, args.repeats, args.warmup)

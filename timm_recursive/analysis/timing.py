@@ -8,9 +8,10 @@ import time
 from typing import Callable, Dict, List
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ['time_interleaved', 'median_seconds', 'inference_speed']
+__all__ = ['time_interleaved', 'median_seconds', 'inference_speed', 'recursive_train_step']
 
 
 def time_interleaved(cases: Dict[str, Callable[[], None]], repeats: int = 5, warmup: int = 1) -> Dict[str, List[float]]:
@@ -46,3 +47,16 @@ def inference_speed(models: Dict[str, nn.Module], images: torch.Tensor, baseline
 
     seconds = median_seconds({name: infer(m) for name, m in models.items()}, repeats)
     return {name: {'images_per_s': len(images) / s, 'speedup': seconds[baseline] / s} for name, s in seconds.items()}
+
+
+def recursive_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
+                         labels: torch.Tensor, aux_weight: float) -> None:
+    """One training step of a recursive model as the speed benchmarks time it: the forward over every
+    recursion step, cross-entropy on every step's logits plus ``aux_weight`` x the MoE auxiliary loss,
+    the backward and the optimizer update."""
+    step_logits, aux = model.forward_steps(images)
+    num_steps = step_logits.shape[0]
+    loss = F.cross_entropy(step_logits.flatten(0, 1), labels.repeat(num_steps)) + aux_weight * aux
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()

@@ -42,7 +42,7 @@ class TokenFusionVisionTransformer(VisionTransformer):
         keep_rate: fraction of the patch tokens kept at each reduction, in (0, 1] (1: the plain ViT).
         reduction_blocks: blocks (counting from 0) after whose attention tokens are reduced.
         num_fused_tokens: tokens the inattentive ones are merged into at each reduction (4: chosen by
-            accuracy at an equal token budget in the token fusion ablation).
+            accuracy at an equal token budget, ``experiments/token_fusion_ablation``).
         knn: neighbours that define the clustering density.
         mode: ``'both'`` (importance and diversity), ``'importance'`` (EViT: the inattentive tokens
             fused into one) or ``'diversity'`` (every patch token clustered).

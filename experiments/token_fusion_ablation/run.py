@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Token fusion ablation measured here: importance / diversity / both at keep 0.5-0.8, off the shelf and fine-tuned.
 
-    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/tokenfuse_ablation.py [--out runs/tokenfuse_ablation]
+    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python experiments/token_fusion_ablation/run.py [--out runs/tokenfuse_ablation]
+    cp runs/tokenfuse_ablation/results.json experiments/token_fusion_ablation/results/   # publish, then render
 
 A small ViT (``deit_t_tokenfuse`` architecture at width 64, 4 heads, depth 6, patch 4 on 28 px:
 49 patch tokens; reductions after blocks 2, 4, 5 counting from 1, EViT's 4/7/10 of 12 scaled to 6)
@@ -23,11 +24,13 @@ is trained from scratch on FashionMNIST (the Debian package's IDX files) with
 
 Sized for a shared 2-core CPU (an evaluation of 3,000 images takes half a minute there).
 
-Writes ``results.json`` (after every step) and ``table.md`` (the README's tables) to ``--out``.
+Writes ``results.json`` to ``--out`` after every step (a stopped run loses at most the step it was in);
+the study's tables are made from the committed copy by ``tables.py`` (``python experiments/render.py``).
 """
 import argparse
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -43,7 +46,7 @@ from timm_recursive.layers import FUSION_MODES, IMPORTANCE_SCORES, num_kept
 from timm_recursive.train import (
     StepOutputs, collate_classification, create_model_from_checkpoint, evaluate_steps, write_json_atomic)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # the checkout: experiments/<study>/run.py
 KEEP_RATES = (0.5, 0.6, 0.7, 0.8)
 ARCH = dict(img_size=28, patch_size=4, embed_dim=64, depth=6, num_heads=4, reduction_blocks=(1, 3, 4))
 MODEL_KWARGS = [f'{k}={v}'.replace(' ', '') for k, v in ARCH.items()] + [
@@ -109,48 +112,6 @@ def finetune_args(dense_dir: str, fusion_kwargs: List[str], alpha: float, beta: 
             '--fusion-div-weight', str(beta), *DATA]
 
 
-def markdown(results: Dict) -> str:
-    dense, cells, ft = results.get('dense', {'top1': float('nan')}), results.get('cells', {}), results.get('finetuned', {})
-    cost = results.get('cost', {})
-    score = results.get('importance_score', 'cls_query')  # chosen once every off-the-shelf cell is measured
-
-    def speed(name):
-        c = cost.get(name)
-        return (f'{c["gmacs"] * 1e3:.2f} | {c["images_per_s"]:.0f} ({c["speedup"]:.2f}x)' if c else '- | -')
-
-    lines = [f'| mode | keep | MMACs | images/s (x dense) | top-1 off the shelf | top-1 fine-tuned |',
-             '|---|---|---|---|---|---|',
-             f'| dense | 1.0 | {speed("dense")} | {dense["top1"]:.2f} | {ft.get("dense", {}).get("top1", float("nan")):.2f} |']
-    for mode in FUSION_MODES:
-        for keep_rate in KEEP_RATES:
-            name = cell_name(mode, keep_rate)
-            off = cells.get(cell_name(mode, keep_rate, importance_score=score), {}).get('top1', float('nan'))
-            tuned = ft.get(name, {}).get('top1', float('nan'))
-            lines.append(f'| {mode} | {keep_rate} | {speed(name)} | {off:.2f} | {tuned:.2f} |')
-    lines += ['', '| off the shelf, top-1 | ' + ' | '.join(f'keep {k}' for k in KEEP_RATES) + ' |',
-              '|---|' + '---|' * len(KEEP_RATES)]
-    for mode in FUSION_MODES:
-        for s in IMPORTANCE_SCORES:
-            lines.append(f'| {mode}, {s} | ' + ' | '.join(
-                f'{cells.get(cell_name(mode, k, importance_score=s), {}).get("top1", float("nan")):.2f}'
-                for k in KEEP_RATES) + ' |')
-    lines += ['', '| both, off the shelf, equal token budget: top-1 (MMACs) | ' + ' | '.join(
-        f'budget of keep {k} ({num_kept(k, NUM_PATCHES) + BUDGET_FUSED_TOKENS} tokens)' for k in KEEP_RATES) + ' |',
-              '|---|' + '---|' * len(KEEP_RATES)]
-    for m in FUSED_TOKENS:
-        row = []
-        for k in KEEP_RATES:
-            c = cells.get(budget_cell(k, score, m))
-            row.append(f'{c["top1"]:.2f} ({c["mmacs"]:.2f})' if c else '-')
-        lines.append(f'| num_fused_tokens={m} | ' + ' | '.join(row) + ' |')
-    objective = [(a, b, ft.get(cell_name('both', 0.5, alpha=a, beta=b)) or ft.get(cell_name('both', 0.5)))
-                 for a, b in OBJECTIVE_WEIGHTS]
-    lines += ['', '| both, keep 0.5, fine-tuned with | top-1 |', '|---|---|']
-    for a, b, cell in objective:
-        if cell is not None and (cell['alpha'], cell['beta']) == (a, b):
-            lines.append(f'| CE + {a:g} L_imp + {b:g} L_div | {cell["top1"]:.2f} |')
-    return '\n'.join(lines).replace('nan', '-') + '\n'
-
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
@@ -159,15 +120,11 @@ def main(argv=None) -> int:
     p.add_argument('--alpha', type=float, default=0.1, help='weight of L_imp in the fine-tunes')
     p.add_argument('--beta', type=float, default=0.1, help='weight of L_div in the fine-tunes')
     p.add_argument('--repeats', type=int, default=3, help='timing repeats')
-    p.add_argument('--table-only', action='store_true', help='write table.md from results.json as it is, run nothing')
     args = p.parse_args(argv)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     results_path = os.path.join(out, 'results.json')
     results = json.load(open(results_path)) if os.path.isfile(results_path) else {}
-    if args.table_only:
-        write_table(results, out)
-        return 0
 
     def save():
         write_json_atomic(results_path, results)
@@ -246,16 +203,8 @@ def main(argv=None) -> int:
 
     results['this_session_s'] = time.perf_counter() - start
     save()
-    write_table(results, out)
+    print(f'finished: {results_path}')
     return 0
-
-
-def write_table(results: Dict, out: str) -> None:
-    table = markdown(results)
-    with open(os.path.join(out, 'table.md.tmp'), 'w') as f:
-        f.write(table)
-    os.replace(os.path.join(out, 'table.md.tmp'), os.path.join(out, 'table.md'))
-    print(table)
 
 
 if __name__ == '__main__':

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The README's DINO run: softmax, entmax-1.5 and register-4 ViTs (width 192, depth 4, patch 4) pretrained
-# with one recipe (train_dino.py --preset cpu28) on the first $IMAGES FashionMNIST training images (the
+# The DINO study (experiments/dino_fashion_mnist): softmax, entmax-1.5 and register-4 ViTs (width 192,
+# depth 4, patch 4) pretrained with one recipe (train_dino.py --preset cpu28) on the first $IMAGES FashionMNIST training images (the
 # Debian package's IDX files, or the Hub dataset), then frozen-feature probes: linear classification on
 # FashionMNIST, and dense linear segmentation on 2x2 canvases of FashionMNIST test/train images whose
 # foreground pixels carry their image's class (probe.py compose), with and without [CLS] concatenated;
-# finally the side-by-side PCA figure and results.json / a Markdown table. The three variants train at
-# the same time (one thread each); a stopped run resumes from its last saved state when rerun.
-# Usage: scripts/dino_fashion_mnist.sh [OUTPUT_ROOT]   (IMAGES, EPOCHS, CANVASES, LINEAR_IMAGES override the sizes)
+# finally the side-by-side PCA figure and OUTPUT_ROOT/results.json (collect.py). The three variants train
+# at the same time (one thread each); a stopped run resumes from its last saved state when rerun.
+# Usage: experiments/dino_fashion_mnist/run.sh [OUTPUT_ROOT]   (IMAGES, EPOCHS, CANVASES, LINEAR_IMAGES override the sizes)
+# The committed results are updated only by copying from OUTPUT_ROOT:
+#   cp OUTPUT_ROOT/{results.json,pca_compare.png} experiments/dino_fashion_mnist/results/
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-runs/dino_fashion_mnist}
 images=${IMAGES:-2000}
 epochs=${EPOCHS:-3}
@@ -42,4 +44,4 @@ wait
 
 nice -n 15 $py -m timm_recursive.analysis.attention_maps --compare softmax="$out/softmax/model" \
     entmax="$out/entmax/model" reg4="$out/reg4/model" --dataset "$out/canvases" --num-images 4 --img-size 56 --out "$out"
-$py scripts/dino_results.py "$out"
+$py experiments/dino_fashion_mnist/collect.py "$out"

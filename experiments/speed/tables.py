@@ -1,0 +1,155 @@
+"""The speed study's tables, from ``results/<run>/``: one folder per ``run.sh`` run (its benchmarks' JSON and
+``provenance.json``); a folder without ``provenance.json`` holds JSON whose date and commit were not recorded.
+
+Each table reads the newest run that holds its benchmark (runs ordered by their recorded start, unrecorded first).
+"""
+import json
+import pathlib
+from typing import Dict, Tuple
+
+from timm_recursive.analysis.generated_markdown import markdown_table
+
+BENCHMARKS = ('efficiency', 'entmax_speed', 'recursive_train_speed', 'tokenfuse_cost', 'compile_speed')
+
+
+def _runs(results: pathlib.Path):
+    """Run folders, oldest first, each with its provenance (``{}`` where not recorded)."""
+    runs = []
+    for folder in sorted(p for p in results.iterdir() if p.is_dir()):
+        provenance = folder / 'provenance.json'
+        runs.append((folder, json.loads(provenance.read_text()) if provenance.exists() else {}))
+    return sorted(runs, key=lambda run: run[1].get('started', ''))
+
+
+def _latest(results: pathlib.Path) -> Dict[str, Tuple[dict, dict, str]]:
+    """For every benchmark: (its JSON, its provenance, the run folder's name) from the newest run holding it."""
+    found = {}
+    for folder, provenance in _runs(results):
+        for name in BENCHMARKS:
+            if (folder / f'{name}.json').exists():
+                found[name] = (json.loads((folder / f'{name}.json').read_text()), provenance, folder.name)
+    return found
+
+
+def _x(ratio: float) -> str:
+    return f'{ratio:.2f}x'
+
+
+def efficiency_table(report: dict) -> str:
+    rows = []
+    for name, r in report.items():
+        rows.append([f'`{name}`', f'{r["stored_params"] / 1e6:.2f}M', f'{r["active_params"] / 1e6:.2f}M',
+                     f'{r["block_macs_per_token_d2"]:.2f} d^2', f'{r.get("block_macs_ratio", 1.0):.3f}',
+                     f'{r["forward_macs_per_image"] / 1e9:.3f}', f'{r.get("forward_macs_ratio", 1.0):.3f}',
+                     f'{r["mean_sparsity"]:.3f}'])
+    return markdown_table(['model', 'stored params', 'active params', 'block MACs per token', 'block ratio',
+                           'forward GMACs', 'forward ratio', 'mean attention sparsity'], rows)
+
+
+def entmax_table(report: dict) -> str:
+    rows = []
+    for group, cases in report['results'].items():
+        for case, r in cases.items():
+            rows.append([group, case, f'{r["seconds"] * 1e3:.1f}', _x(r['vs_softmax'])])
+    return markdown_table(['forward + backward', 'attention', 'median ms', 'time vs softmax SDPA'], rows)
+
+
+def train_table(report: dict) -> str:
+    baseline = next(iter(report['results']))
+    rows = [[f'`{name}`', f'{r["median_s_per_step"]:.2f}', f'{min(r["repeats_s"]):.1f}-{max(r["repeats_s"]):.1f}',
+             f'{r["images_per_s"]:.2f}', _x(r['speedup_vs_' + baseline])] for name, r in report['results'].items()]
+    return markdown_table(['model', 'median s/step', 'range of the repeats (s)', 'images/s',
+                           f'images/s vs `{baseline}`'], rows)
+
+
+def across_runs_table(results: pathlib.Path) -> str:
+    """The main ratios of every run in ``results/``, to show how much they move between runs on a shared CPU."""
+    rows = []
+    for folder, provenance in _runs(results):
+        train, entmax = folder / 'recursive_train_speed.json', folder / 'entmax_speed.json'
+        if not (train.exists() or entmax.exists()):
+            continue
+        row = [f'`{folder.name}`', provenance.get('started', 'not recorded')]
+        if train.exists():
+            r = json.loads(train.read_text())['results']
+            mlp = r['recursive_sa_mlp_cifar']['images_per_s']
+            row += [_x(r[name]['images_per_s'] / mlp) if name in r else '—'
+                    for name in ('recursive_sa_moe_cifar', 'recursive_dsa_moe_cifar')]
+            row += [_x(r[f'{name}:grad_window=0']['images_per_s'] / r[name]['images_per_s'])
+                    if f'{name}:grad_window=0' in r else '—'
+                    for name in ('recursive_sa_mlp_cifar', 'recursive_dsa_moe_cifar')]
+        else:
+            row += ['—'] * 4
+        if entmax.exists():
+            e = json.loads(entmax.read_text())['results']
+            row += [_x(e['attention operator']['entmax-1.5 (timm_recursive)']['vs_softmax']),
+                    _x(e['whole model']['ViT-S entmax-1.5 (timm_recursive)']['vs_softmax'])]
+        else:
+            row += ['—', '—']
+        rows.append(row)
+    return markdown_table(['run', 'started', 'SA-MoE / SA-MLP images/s', 'DSA-MoE / SA-MLP images/s',
+                           'SA-MLP detached / default images/s', 'DSA-MoE detached / default images/s',
+                           'entmax / softmax time, attention operator', 'entmax / softmax time, ViT-S'], rows)
+
+
+def tokenfuse_table(report: dict) -> str:
+    batches = [key for key in next(iter(report['results'].values())) if key.startswith('batch_')]
+    rows = []
+    for name, r in report['results'].items():
+        row = [f'`{name}`', f'{r["gmacs"]["gmacs"]:.3f}', f'{r["gmacs"]["clustering_gmacs"]:.4f}']
+        for b in batches:
+            row += [f'{r[b]["images_per_s"]:.1f}', _x(r[b]['speedup'])]
+        rows.append(row)
+    header = ['model', 'GMACs', 'of which clustering']
+    for b in batches:
+        header += [f'images/s, batch {b.split("_")[1]}', 'speed-up']
+    return markdown_table(header, rows)
+
+
+def compile_table(report: dict) -> str:
+    summary = report['summary']
+    rows = [[name, f'{r["median_s_per_step"]:.2f}', f'{r["images_per_s"]:.1f}',
+             f'{min(r["repeats_s"]):.1f}-{max(r["repeats_s"]):.1f}'] for name, r in report['results'].items()]
+    table = markdown_table(['training step', 'median s/step', 'images/s', 'range of the repeats (s)'], rows)
+    return table + '\n\n' + markdown_table(
+        ['compiled vs eager', 'compilation (min, wall)', 'graph breaks', 'graphs compiled'],
+        [[_x(summary['speedup_compiled_vs_eager']), f'{summary["compile_s"] / 60:.0f}', summary['graph_breaks'],
+          summary['graphs_compiled']]])
+
+
+def provenance_table(found: Dict[str, Tuple[dict, dict, str]]) -> str:
+    rows = []
+    for name in BENCHMARKS:
+        if name not in found:
+            continue
+        report, provenance, run = found[name]
+        config = report.get('config', report)
+        threads = config.get('threads', provenance.get('omp_num_threads', 'not recorded'))
+        ran = provenance.get('benchmarks', {}).get(name, {})
+        wall = f'{ran["wall_s"] / 60:.1f} min' if 'wall_s' in ran else 'not recorded'
+        rows.append([name, f'`results/{run}/{name}.json`', provenance.get('started', 'not recorded'),
+                     provenance.get('commit', 'not recorded'), provenance.get('machine', 'not recorded'), threads,
+                     wall])
+    return markdown_table(['benchmark', 'file', 'started', 'commit', 'machine', 'threads', 'wall time'], rows)
+
+
+def tables(results: pathlib.Path) -> Dict[str, str]:
+    found = _latest(results)
+    pieces = {'provenance': provenance_table(found), 'across_runs': across_runs_table(results)}
+    makers = {'efficiency': efficiency_table, 'entmax_speed': entmax_table, 'recursive_train_speed': train_table,
+              'tokenfuse_cost': tokenfuse_table, 'compile_speed': compile_table}
+    for name, make in makers.items():
+        if name in found:
+            pieces[name] = make(found[name][0])
+    pieces['commands'] = '\n'.join(
+        f'- {name}: `{found[name][1]["benchmarks"][name]["command"]}`' if found[name][1] else f'- {name}: not recorded'
+        for name in BENCHMARKS if name in found)
+    train = found['recursive_train_speed'][0]['results']
+    dsa, mlp = train['recursive_dsa_moe_cifar'], train['recursive_sa_mlp_cifar']
+    fuse = found['tokenfuse_cost'][0]['results']
+    keep_07 = fuse['deit_s_tokenfuse keep=0.7']
+    pieces['headline'] = (
+        f'DSA-MoE trains at {dsa["images_per_s"] / mlp["images_per_s"]:.2f}x the images/s of SA-MLP '
+        f'(CPU, interleaved); deit_s_tokenfuse at keep 0.7: {keep_07["gmacs"]["gmacs"]:.3f} GMACs, '
+        f'{keep_07["batch_32"]["speedup"]:.2f}x the images/s of DeiT-S')
+    return pieces

@@ -1,0 +1,95 @@
+"""The token fusion ablation's tables, from ``results/results.json`` (written by ``run.py``).
+
+A cell is named as ``run.py`` names it: the mode, then ``key=value`` settings
+(``both keep=0.5 importance_score=head_mean``, ``both keep=0.5 budget=True importance_score=head_mean
+num_fused_tokens=4``); what was not measured is an em dash, never a default's number.
+"""
+import json
+import pathlib
+from typing import Dict, List, Optional, Tuple
+
+from timm_recursive.analysis.generated_markdown import markdown_table, pct
+
+
+def parse_cell(name: str) -> Tuple[str, Dict[str, str]]:
+    """``'both keep=0.5 alpha=1.0'`` -> ``('both', {'keep': '0.5', 'alpha': '1.0'})``."""
+    mode, *settings = name.split()
+    return mode, dict(setting.split('=', 1) for setting in settings)
+
+
+def _top1(cell: Optional[Dict]) -> str:
+    return pct(None if cell is None else cell['top1'])
+
+
+def tables(results: pathlib.Path) -> Dict[str, str]:
+    r = json.loads((results / 'results.json').read_text())
+    cells, finetuned, cost = r['cells'], r['finetuned'], r['cost']
+    score = r['importance_score']  # the score with the better mean off the shelf, used for the rest
+    parsed = [parse_cell(name) for name in cells]
+    modes = list(dict.fromkeys(mode for mode, s in parsed if 'budget' not in s))
+    keep_rates = sorted({s['keep'] for _, s in parsed}, key=float)
+    scores = list(dict.fromkeys(s['importance_score'] for _, s in parsed))
+    fused_counts = sorted({s['num_fused_tokens'] for _, s in parsed if 'budget' in s}, key=int)
+
+    def cost_cells(name: str) -> List[str]:
+        c = cost.get(name)
+        if c is None:
+            return ['—', '—']
+        return [f'{c["gmacs"] * 1e3:.2f}', f'{c["images_per_s"]:.0f} ({c["speedup"]:.2f}x)']
+
+    main = [['dense', '1.0', *cost_cells('dense'), pct(r['dense']['top1']), _top1(finetuned.get('dense'))]]
+    for mode in modes:
+        for keep in keep_rates:
+            off = cells.get(f'{mode} keep={keep} importance_score={score}')
+            main.append([mode, keep, *cost_cells(f'{mode} keep={keep}'), _top1(off),
+                         _top1(finetuned.get(f'{mode} keep={keep}'))])
+
+    by_score = [[f'{mode}, {s}', *(_top1(cells.get(f'{mode} keep={k} importance_score={s}')) for k in keep_rates)]
+                for mode in modes for s in scores]
+
+    def budget(keep: str, fused: str) -> Optional[Dict]:
+        return cells.get(f'both keep={keep} budget=True importance_score={score} num_fused_tokens={fused}')
+
+    budget_rows = []
+    for fused in fused_counts:
+        row = [f'num_fused_tokens={fused}']
+        for keep in keep_rates:
+            c = budget(keep, fused)
+            row.append('—' if c is None else f'{pct(c["top1"])} ({c["mmacs"]:.2f})')
+        budget_rows.append(row)
+    # the fused-token gain at equal budget, 4 against 2 (the choice of the DeiTs' default)
+    gains = [budget(k, '4')['top1'] - budget(k, '2')['top1'] for k in keep_rates if budget(k, '4') and budget(k, '2')]
+    extra_macs = [100 * (budget(k, '4')['mmacs'] / budget(k, '2')['mmacs'] - 1)
+                  for k in keep_rates if budget(k, '4') and budget(k, '2')]
+
+    objective = []
+    for name, cell in finetuned.items():
+        mode, s = parse_cell(name)
+        if mode == 'both' and s.get('keep') == '0.5':
+            objective.append((cell['alpha'], cell['beta'], cell['top1']))
+    objective.sort()
+
+    keep_05 = {mode: cells.get(f'{mode} keep=0.5 importance_score={score}') for mode in modes}
+    dense = r['dense']
+    return {
+        'main': markdown_table(['mode', 'keep', 'MMACs', 'images/s (x dense)', 'top-1 off the shelf (%)',
+                                'top-1 fine-tuned (%)'], main),
+        'scores': markdown_table(['off the shelf, top-1 (%)', *(f'keep {k}' for k in keep_rates)], by_score),
+        'budget': markdown_table(['both, off the shelf, equal token budget: top-1 % (MMACs)',
+                                  *(f'budget of keep {k}' for k in keep_rates)], budget_rows),
+        'objective': markdown_table(['both, keep 0.5, fine-tuned with', 'top-1 (%)'],
+                                    [[f'CE + {a:g} L_imp + {b:g} L_div', pct(t)] for a, b, t in objective]),
+        'score': score,
+        'fused_4_vs_2': ' / '.join(f'{g:+.2f}' for g in gains),
+        'fused_4_vs_2_macs': f'{min(extra_macs):.1f}-{max(extra_macs):.1f}%',
+        'setup': markdown_table(
+            ['dense model', 'trained on', 'evaluated on', 'training wall time', 'wall time of the last session',
+             'timing setup', 'date', 'commit'],
+            [[f'{dense["epochs"]} epochs', f'{dense["train_images"]:,} images', dense['eval_images'],
+              f'{dense["train_wall_time_s"] / 60:.1f} min', f'{r["this_session_s"] / 60:.1f} min',
+              f'batch {r["cost_setup"]["batch"]}, {r["cost_setup"]["repeats"]} repeats, '
+              f'{r["cost_setup"]["threads"]} thread, torch {r["cost_setup"]["torch"]}',
+              'not recorded', 'not recorded']]),
+        'headline': (f'keep 0.5 off the shelf: ' + ', '.join(f'{m} {pct(c["top1"])}%' for m, c in keep_05.items() if c)
+                     + f' (dense {pct(dense["top1"])}%; small ViT on FashionMNIST)'),
+    }

@@ -1,0 +1,61 @@
+"""experiments/speed: run.sh never overwrites a run, tables.py reads the newest run of each benchmark, and the
+benchmarks' shared training step works (no timing is asserted: the machine is shared)."""
+import importlib.util
+import json
+import pathlib
+import shutil
+import subprocess
+
+import timm
+import torch
+
+import timm_recursive  # noqa: F401  registers the models
+from timm_recursive.analysis.timing import recursive_train_step
+
+STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'speed'
+
+
+def _tables_module():
+    spec = importlib.util.spec_from_file_location('speed_tables', STUDY / 'tables.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_run_script_refuses_an_existing_folder_and_unknown_benchmarks(tmp_path):
+    existing = subprocess.run([str(STUDY / 'run.sh'), str(tmp_path)], capture_output=True, text=True)
+    assert existing.returncode == 2 and 'exists' in existing.stderr
+    unknown = subprocess.run([str(STUDY / 'run.sh'), str(tmp_path / 'new'), 'nope'], capture_output=True, text=True)
+    assert unknown.returncode == 2 and 'unknown benchmark nope' in unknown.stderr
+    assert not (tmp_path / 'new').exists()
+
+
+def test_tables_read_the_newest_run_of_each_benchmark(tmp_path):
+    results = tmp_path / 'results'
+    shutil.copytree(STUDY / 'results', results)
+    before = _tables_module().tables(results)
+    newer = results / '9999-newer'
+    newer.mkdir()
+    entmax = json.loads(next(results.glob('*/entmax_speed.json')).read_text())
+    entmax['results']['whole model']['ViT-S softmax SDPA']['seconds'] = 123.4
+    (newer / 'entmax_speed.json').write_text(json.dumps(entmax))
+    (newer / 'provenance.json').write_text(json.dumps({
+        'started': '9999-01-01T00:00:00Z', 'commit': 'abc', 'machine': 'test', 'omp_num_threads': '1',
+        'benchmarks': {'entmax_speed': {'command': 'python benchmarks/entmax_speed.py --json', 'wall_s': 60}}}))
+    after = _tables_module().tables(results)
+    assert '123400.0' in after['entmax_speed'] and '123400.0' not in before['entmax_speed']
+    assert '`results/9999-newer/entmax_speed.json` | 9999-01-01T00:00:00Z | abc | test | 1 | 1.0 min |' \
+        in after['provenance']
+    assert after['tokenfuse_cost'] == before['tokenfuse_cost']
+    assert '| not recorded | not recorded | not recorded |' in after['provenance']  # the earlier, undated JSON
+    assert '\n' not in after['headline']
+
+
+def test_recursive_train_step_updates_the_model():
+    torch.manual_seed(0)
+    model = timm.create_model('recursive_dsa_moe_tiny', num_steps=2).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    images = torch.randn(2, *model.pretrained_cfg['input_size'])
+    before = [p.detach().clone() for p in model.parameters()]
+    recursive_train_step(model, optimizer, images, torch.tensor([0, 1]), aux_weight=0.01)
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
