@@ -1,9 +1,10 @@
 """experiments/dino_fashion_mnist: collect.py gathers the runs and tables.py makes the study's tables from them."""
-import importlib.util
 import json
 import pathlib
 import subprocess
 import sys
+
+from timm_recursive.analysis.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'dino_fashion_mnist'
 
@@ -28,10 +29,7 @@ def test_collect_then_tables(tmp_path):
     assert result.returncode == 0, result.stderr
     assert sorted(json.loads((tmp_path / 'results.json').read_text())) == ['entmax', 'reg4']
 
-    spec = importlib.util.spec_from_file_location('dino_tables', STUDY / 'tables.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    pieces = module.tables(tmp_path)
+    pieces = import_file(STUDY / 'tables.py').tables(tmp_path)
     assert '| reg4 | `vit_small_patch16_224` reg_tokens=4 | 1,000 x 2 | 4.0 | 6.5000 | 44.00 | 12.00 | 15.00 |' \
         in pieces['main']
     assert '| entmax | 57.00 / 82.00 / 14.50 | 57.00 / 82.00 / 14.50 |' in pieces['dense']

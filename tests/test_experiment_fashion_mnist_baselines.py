@@ -1,19 +1,13 @@
 """experiments/fashion_mnist_baselines/tables.py: the study's tables from the traces and records in results/."""
-import importlib.util
 import json
 import pathlib
+
+from timm_recursive.analysis.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'fashion_mnist_baselines'
 
 
-def _load_tables_module():
-    spec = importlib.util.spec_from_file_location('fashion_mnist_baselines_tables', STUDY / 'tables.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tables = _load_tables_module()
+tables = import_file(STUDY / 'tables.py')
 
 
 def _copy_kept_run(src_recipe, dst_results, recipe, model):

@@ -1,5 +1,4 @@
 """experiments/recursion_refinement/tables.py: the study's tables from the JSON kept in its results/."""
-import importlib.util
 import json
 import pathlib
 import os
@@ -8,17 +7,12 @@ import subprocess
 
 import pytest
 
+from timm_recursive.analysis.generated_markdown import import_file
+
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'recursion_refinement'
 
 
-def _load_tables_module():
-    spec = importlib.util.spec_from_file_location('recursion_refinement_tables', STUDY / 'tables.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tables = _load_tables_module()
+tables = import_file(STUDY / 'tables.py')
 
 
 def _write_summary(results, name, seed, per_step, root='ablations', first_to_last=None):

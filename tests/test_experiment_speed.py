@@ -1,6 +1,5 @@
 """experiments/speed: run.sh never overwrites a run, tables.py reads the newest run of each benchmark, and the
 benchmarks' shared training step works (no timing is asserted: the machine is shared)."""
-import importlib.util
 import json
 import pathlib
 import shutil
@@ -11,15 +10,9 @@ import torch
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.timing import recursive_train_step
+from timm_recursive.analysis.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'speed'
-
-
-def _tables_module():
-    spec = importlib.util.spec_from_file_location('speed_tables', STUDY / 'tables.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_run_script_refuses_an_existing_folder_and_unknown_benchmarks(tmp_path):
@@ -33,7 +26,7 @@ def test_run_script_refuses_an_existing_folder_and_unknown_benchmarks(tmp_path):
 def test_tables_read_the_newest_run_of_each_benchmark(tmp_path):
     results = tmp_path / 'results'
     shutil.copytree(STUDY / 'results', results)
-    before = _tables_module().tables(results)
+    before = import_file(STUDY / 'tables.py').tables(results)
     newer = results / '9999-newer'
     newer.mkdir()
     entmax = json.loads(next(results.glob('*/entmax_speed.json')).read_text())
@@ -42,7 +35,7 @@ def test_tables_read_the_newest_run_of_each_benchmark(tmp_path):
     (newer / 'provenance.json').write_text(json.dumps({
         'started': '9999-01-01T00:00:00Z', 'commit': 'abc', 'machine': 'test', 'omp_num_threads': '1',
         'benchmarks': {'entmax_speed': {'command': 'python benchmarks/entmax_speed.py --json', 'wall_s': 60}}}))
-    after = _tables_module().tables(results)
+    after = import_file(STUDY / 'tables.py').tables(results)
     assert '123400.0' in after['entmax_speed'] and '123400.0' not in before['entmax_speed']
     assert '`results/9999-newer/entmax_speed.json` | 9999-01-01T00:00:00Z | abc | test | 1 | 1.0 min |' \
         in after['provenance']

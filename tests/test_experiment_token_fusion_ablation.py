@@ -1,24 +1,17 @@
 """experiments/token_fusion_ablation: the equal-budget sweep's keep rates and the tables made from results."""
-import importlib.util
 import json
 import pathlib
 
 import pytest
 
 from timm_recursive.layers import num_kept
+from timm_recursive.analysis.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'token_fusion_ablation'
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f'token_fusion_ablation_{name}', STUDY / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ablation = _load('run')
-study_tables = _load('tables')
+ablation = import_file(STUDY / 'run.py')
+study_tables = import_file(STUDY / 'tables.py')
 
 
 @pytest.mark.parametrize('keep_rate', ablation.KEEP_RATES)

@@ -49,11 +49,16 @@ def pct(value: Optional[float], digits: int = 2) -> str:
     return '—' if value is None else f'{value:.{digits}f}'
 
 
-def _run_tables_module(module_path: pathlib.Path, argument: pathlib.Path) -> Dict[str, str]:
-    spec = importlib.util.spec_from_file_location(f'tables_{module_path.parent.name}', module_path)
+def import_file(module_path: pathlib.Path):
+    """Import a study's script (``tables.py``, ``run.py``: files, not part of a package) as a module."""
+    spec = importlib.util.spec_from_file_location(f'{module_path.parent.name}_{module_path.stem}', module_path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    pieces = module.tables(argument)
+    return module
+
+
+def _run_tables_module(module_path: pathlib.Path, argument: pathlib.Path) -> Dict[str, str]:
+    pieces = import_file(module_path).tables(argument)
     for name, text in pieces.items():
         if not isinstance(text, str):
             raise GeneratedMarkdownError(f'{module_path}: piece {name!r} is {type(text).__name__}, not str')
