@@ -10,8 +10,8 @@
 
 Both probes standardise the cached features with the training split's per-channel mean and std
 (a linear map, so the probe stays linear) and train with AdamW under a cosine schedule.
-``compose_canvases`` builds the dense task the README measures from a classification dataset: a grid
-of images on one canvas, each foreground pixel labelled with its image's class.
+``compose_canvases`` builds a dense task from a classification dataset (as experiments/dino_fashion_mnist
+does): a grid of images on one canvas, each foreground pixel labelled with its image's class.
 """
 from typing import Callable, Dict, Optional, Tuple
 
