@@ -24,5 +24,5 @@ from .token_fusion import (
     fuse_tokens, fusion_objective_terms, fusion_output_counts, num_kept, split_by_importance, token_sources,
     weighted_cluster_means)
 from .token_fusion_patch import (
-    ClsRowAttention, TokenFusion, TokenFusionBlock, TokenFusionObjective, apply_token_fusion, record_token_fusion,
-    recorded_reductions)
+    ClsRowAttention, ReductionPoint, TokenFusion, TokenFusionBlock, TokenFusionObjective, apply_token_fusion,
+    record_token_fusion)
