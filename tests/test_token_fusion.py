@@ -1,4 +1,5 @@
 """Token fusion: the algorithm's arithmetic, the DeiT models, apply_token_fusion on other timm ViTs, errors."""
+import copy
 import inspect
 import json
 import math
@@ -427,6 +428,8 @@ def test_objective_collects_training_forwards_and_reaches_the_attention():
     with torch.no_grad():
         model(x)
     assert objective()[1] == {}  # evaluation forwards compute nothing
+    copy.deepcopy(model).train()(x)  # an EMA's copy carries the hooks: its training forwards are not the model's
+    assert objective()[1] == {}
     objective.remove()
     model.train()
     model(x)

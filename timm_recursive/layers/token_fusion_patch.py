@@ -250,12 +250,14 @@ class TokenFusionObjective:
             raise ValueError(f'{type(model).__name__} has no TokenFusion layer: the token fusion objective needs one '
                              '(a deit_*_tokenfuse model, or apply_token_fusion)')
         self.alpha, self.beta = float(alpha), float(beta)
+        self.points = [f.reduction for f in fusions]
         self.collected: Dict[int, Dict[str, torch.Tensor]] = {}  # fusion index -> terms of its last training forward
-        self.handles = [f.reduction.register_forward_hook(self._keep_terms(i)) for i, f in enumerate(fusions)]
+        self.handles = [point.register_forward_hook(self._keep_terms(i)) for i, point in enumerate(self.points)]
 
     def _keep_terms(self, index: int):
         def hook(module, inputs, output):
-            if module.training:
+            # a deep copy of the model (an EMA) carries this hook too: only the layers of ``model`` count
+            if module.training and module is self.points[index]:
                 self.collected[index] = fusion_objective_terms(*inputs)
         return hook
 
