@@ -288,6 +288,17 @@ def test_fusion_maps_command_writes_a_png_per_image(tmp_path):
         fusion_stages(timm.create_model('deit_tiny_patch16_224', **SMALL), torch.randn(1, 3, 96, 96))
 
 
+def test_cost_adds_the_clustering_of_every_recorded_reduction():
+    from timm_recursive.analysis.token_fusion_cost import count_gmacs
+    model = timm.create_model('deit_t_tokenfuse', keep_rate=0.5, **SMALL).eval()
+    cost = count_gmacs(model, torch.randn(1, 3, 96, 96))
+    # 36 patches: 18 fused inputs, then 11 of 18 + 4, then 7 of 11 + 4; each into 4 clusters, width 192
+    assert cost['clustering_gmacs'] * 1e9 == pytest.approx(sum(n * n * 192 + n * 192 for n in (18, 11, 7)))
+    assert cost['gmacs'] == pytest.approx(cost['counted_gmacs'] + cost['clustering_gmacs'])
+    assert all(block.attn.fused_attn for block in model.blocks)  # the fused kernel is on again
+    assert not model.blocks[3].fusion.reduction._forward_hooks
+
+
 MODE_COUNTS = {  # 36 patches, keep 0.5, reductions after blocks 4, 7, 10 (counting from 1)
     'importance': [36, 18 + 1, 10 + 1, 6 + 1],  # the inattentive tokens fused into one (EViT)
     'both': [36, 18 + 4, 11 + 4, 8 + 4],  # the default 4 fused tokens
