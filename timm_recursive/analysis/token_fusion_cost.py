@@ -25,8 +25,9 @@ def count_gmacs(model: nn.Module, image: torch.Tensor) -> Dict[str, float]:
     for a in attns:
         a.fused_attn = False
     try:
-        with torch.inference_mode(), record_token_fusion(model) as reductions, FlopCounterMode(display=False) as counter:
-            model(image)
+        with torch.inference_mode(), record_token_fusion(model) as reductions:
+            with FlopCounterMode(display=False) as counter:
+                model(image)
     finally:
         for a, f in zip(attns, fused):
             a.fused_attn = f
