@@ -1,4 +1,5 @@
 """Token fusion: the algorithm's arithmetic, the DeiT models, apply_token_fusion on other timm ViTs, errors."""
+import copy
 import inspect
 import json
 import math
@@ -21,6 +22,17 @@ SMALL = dict(img_size=96)  # a 6x6 patch grid keeps the tests fast
 def _outputs_equal(model, reference, x):
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
+
+
+def _fuse_and_record(fusion, *args, **kwargs):
+    """The output of one ``TokenFusion`` forward and the record its ``reduction`` hook point was called with."""
+    seen = []
+    handle = fusion.reduction.register_forward_hook(lambda module, inputs, output: seen.append(inputs[2]))
+    try:
+        out = fusion(*args, **kwargs)
+    finally:
+        handle.remove()
+    return out, seen[0]
 
 
 def test_registered_models_point_at_timm_deit_weights():
@@ -61,11 +73,12 @@ def test_helper_patches_other_vits_without_changing_keys(name, kwargs):
     _outputs_equal(model, reference, x)
     apply_token_fusion(model, keep_rate=0.5, reduction_blocks=(1, 5))
     assert list(model.state_dict()) == keys
-    with record_token_fusion(model) as fusions:
+    with record_token_fusion(model) as reductions:
         with torch.no_grad():
             model(x)
     n = model.patch_embed.num_patches
-    assert [f.last_record['keep_index'].shape[1] for f in fusions] == [math.ceil(n / 2), math.ceil((math.ceil(n / 2) + 4) / 2)]  # 4 fused tokens by default
+    assert list(reductions) == [1, 5]
+    assert [r['keep_index'].shape[1] for r in reductions.values()] == [math.ceil(n / 2), math.ceil((math.ceil(n / 2) + 4) / 2)]  # 4 fused tokens by default
 
 
 def test_qk_norm_model_and_fused_row_matches_the_explicit_attention_map():
@@ -107,12 +120,10 @@ def test_token_counts_per_stage_are_as_configured():
 def test_fused_tokens_are_importance_weighted_means_of_their_members():
     torch.manual_seed(0)
     fusion = TokenFusion(keep_rate=0.5, num_fused_tokens=3)
-    fusion.record = True
     B, P, n, C = 3, 2, 20, 8
     x, importance = torch.randn(B, P + n, C), torch.rand(B, n)
-    out = fusion(x, importance, num_prefix_tokens=P)
+    out, record = _fuse_and_record(fusion, x, importance, num_prefix_tokens=P)
     assert out.shape == (B, P + 10 + 3, C)
-    record = fusion.last_record
     for b in range(B):
         assert torch.equal(out[b, :P], x[b, :P])
         top = importance[b].topk(10).indices
@@ -152,19 +163,19 @@ def test_density_peaks_find_separated_groups_per_image():
 def test_token_sources_track_every_patch_and_cluster_sizes():
     torch.manual_seed(0)
     model = timm.create_model('deit_t_tokenfuse', keep_rate=0.6, **SMALL).eval()
-    with record_token_fusion(model) as fusions, torch.no_grad():
+    with record_token_fusion(model) as reductions, torch.no_grad():
         model(torch.randn(2, 3, 96, 96))
-    stages = token_sources([f.last_record for f in fusions], 36)
+    stages = token_sources(list(reductions.values()), 36)
     for stage, count in zip(stages, [22 + 4, 16 + 4, 12 + 4]):  # kept + the 4 fused tokens
         assert stage['sizes'].shape == (2, count) and (stage['sizes'] >= 1).all()
         assert (stage['sizes'].sum(-1) == 36).all() and (stage['token'] >= 0).all()
         assert stage['fused'].sum(-1).tolist() == stage['sizes'][:, count - 4:].sum(-1).tolist()
     assert (stages[0]['sizes'][:, :22] == 1).all()  # the kept tokens of the first reduction are single patches
-    assert not fusions[0].record  # recording is off again outside the context
+    assert not model.blocks[3].fusion.reduction._forward_hooks  # the hooks are removed outside the context
     dropping = timm.create_model('deit_t_tokenfuse', keep_rate=0.5, num_fused_tokens=0, **SMALL).eval()
-    with record_token_fusion(dropping) as fusions, torch.no_grad():
+    with record_token_fusion(dropping) as reductions, torch.no_grad():
         dropping(torch.randn(1, 3, 96, 96))
-    first = token_sources([f.last_record for f in fusions], 36)[0]
+    first = token_sources(list(reductions.values()), 36)[0]
     assert (first['token'] < 0).sum() == 18 and first['sizes'].sum() == 18
 
 
@@ -175,14 +186,32 @@ def test_intermediates_map_tokens_back_to_the_patch_grid():
     with torch.no_grad():
         final, maps = model.forward_intermediates(x, indices=[2, 3, 11])
         tokens = model.forward_intermediates(x, indices=[3], output_fmt='NLC', intermediates_only=True)
-        with record_token_fusion(model) as fusions:
+        with record_token_fusion(model) as reductions:
             model(x)
     assert final.shape == (2, model.token_counts()[-1], 192)
     assert [m.shape for m in maps] == [(2, 192, 6, 6)] * 3
-    first = token_sources([fusions[0].last_record], 36)[0]['token']  # (B, 36) -> token after block 4
+    first = token_sources([reductions[3]], 36)[0]['token']  # (B, 36) -> token after block 4
     grid = maps[1].flatten(2).transpose(1, 2)  # (B, 36, C)
     for b in range(2):
         torch.testing.assert_close(grid[b], tokens[0][b, first[b]])
+
+
+def test_torchscript_and_fx_give_the_eager_outputs_and_hooks_still_record():
+    # the hook point is typed for TorchScript; FX keeps the reduction blocks as leaves, hook points inside
+    from timm.layers import create_feature_extractor, get_graph_node_names
+    torch.manual_seed(0)
+    model = timm.create_model('deit_t_tokenfuse', img_size=64, depth=4, reduction_blocks=(1, 2)).eval()
+    x = torch.randn(2, 3, 64, 64)
+    scripted = torch.jit.script(model)  # before any hook is attached: TorchScript would compile the hooks too
+    graph = create_feature_extractor(model, return_nodes=[get_graph_node_names(model)[1][-1]])
+    with torch.no_grad(), record_token_fusion(model) as eager, record_token_fusion(graph) as traced:
+        expected = model(x)
+        torch.testing.assert_close(scripted(x), expected)
+        (out,) = graph(x).values()
+    torch.testing.assert_close(out, expected)
+    assert list(traced) == list(eager) == [1, 2]
+    for block in traced:
+        assert all(torch.equal(traced[block][k], eager[block][k]) for k in eager[block])
 
 
 @pytest.mark.parametrize('batch,size', [(1, 224), (2, 160)])
@@ -259,6 +288,17 @@ def test_fusion_maps_command_writes_a_png_per_image(tmp_path):
         fusion_stages(timm.create_model('deit_tiny_patch16_224', **SMALL), torch.randn(1, 3, 96, 96))
 
 
+def test_cost_adds_the_clustering_of_every_recorded_reduction():
+    from timm_recursive.analysis.token_fusion_cost import count_gmacs
+    model = timm.create_model('deit_t_tokenfuse', keep_rate=0.5, **SMALL).eval()
+    cost = count_gmacs(model, torch.randn(1, 3, 96, 96))
+    # 36 patches: 18 fused inputs, then 11 of 18 + 4, then 7 of 11 + 4; each into 4 clusters, width 192
+    assert cost['clustering_gmacs'] * 1e9 == pytest.approx(sum(n * n * 192 + n * 192 for n in (18, 11, 7)))
+    assert cost['gmacs'] == pytest.approx(cost['counted_gmacs'] + cost['clustering_gmacs'])
+    assert all(block.attn.fused_attn for block in model.blocks)  # the fused kernel is on again
+    assert not model.blocks[3].fusion.reduction._forward_hooks
+
+
 MODE_COUNTS = {  # 36 patches, keep 0.5, reductions after blocks 4, 7, 10 (counting from 1)
     'importance': [36, 18 + 1, 10 + 1, 6 + 1],  # the inattentive tokens fused into one (EViT)
     'both': [36, 18 + 4, 11 + 4, 8 + 4],  # the default 4 fused tokens
@@ -281,14 +321,14 @@ def test_modes_token_counts_identity_and_batch_consistency(mode):
     assert model.token_counts() == [1 + n for n in [counts[0]] * 3 + [counts[1]] * 3 + [counts[2]] * 3 + [counts[3]] * 3]
     seen = []
     hooks = [b.mlp.register_forward_hook(lambda m, i, o: seen.append(o.shape[1])) for b in model.blocks]
-    with torch.no_grad(), record_token_fusion(model) as fusions:
+    with torch.no_grad(), record_token_fusion(model) as reductions:
         batched = model(x)
         for b in range(3):  # every image is reduced on its own: a batch changes nothing
             torch.testing.assert_close(model(x[b:b + 1])[0], batched[b], rtol=1e-4, atol=1e-5)
     for h in hooks:
         h.remove()
     assert seen[:12] == model.token_counts()
-    first = fusions[0].last_record
+    first = reductions[3]  # the last forward's: the third image alone
     kept = {'importance': 18, 'both': 18, 'diversity': 0}[mode]
     assert first['keep_index'].shape == (1, kept) and first['fuse_index'].shape == (1, 36 - kept)
     assert sorted(first['assignment'][0].unique().tolist()) == list(range(counts[1] - kept))
@@ -308,12 +348,10 @@ def test_diversity_clusters_every_patch_and_importance_fuses_the_rest_into_one()
         w = importance[b, rest]
         torch.testing.assert_close(out[b, -1], (w[:, None] * x[b, P + rest]).sum(0) / w.sum())
     diversity = TokenFusion(keep_rate=0.25, num_fused_tokens=2, mode='diversity')
-    diversity.record = True
-    out = diversity(x, importance)
+    out, record = _fuse_and_record(diversity, x, importance)
     assert out.shape == (B, P + 3 + 2, C) and diversity.num_outputs(n) == 5
     assert (out[:, 0] == x[:, 0]).all()  # [CLS] untouched
     # each output is the importance-weighted mean of its cluster of the 12 patches
-    record = diversity.last_record
     expected = weighted_cluster_means(x[:, P:].gather(1, record['fuse_index'][..., None].expand(-1, -1, C)),
                                       importance.gather(1, record['fuse_index']), record['assignment'], 5)
     torch.testing.assert_close(out[:, P:], expected)
@@ -356,9 +394,7 @@ def test_importance_loss_is_the_attention_mass_left_to_fusion():
     patches = torch.randn(2, 10, 4)
     importance = torch.rand(2, 10).softmax(-1).requires_grad_()
     fusion = TokenFusion(keep_rate=0.3, num_fused_tokens=2)
-    fusion.record = True
-    fusion(torch.cat([torch.zeros(2, 1, 4), patches], 1), importance.detach())
-    record = fusion.last_record
+    _, record = _fuse_and_record(fusion, torch.cat([torch.zeros(2, 1, 4), patches], 1), importance.detach())
     terms = fusion_objective_terms(patches, importance, record)
     kept = importance.detach().gather(1, record['keep_index']).sum(1) / importance.detach().sum(1)
     torch.testing.assert_close(terms['imp'], (1 - kept).mean())
@@ -403,6 +439,12 @@ def test_objective_collects_training_forwards_and_reaches_the_attention():
     with torch.no_grad():
         model(x)
     assert objective()[1] == {}  # evaluation forwards compute nothing
+    copy.deepcopy(model).train()(x)  # an EMA's copy carries the hooks: its training forwards are not the model's
+    assert objective()[1] == {}
+    objective.remove()
+    model.train()
+    model(x)
+    assert objective()[1] == {} and not model.blocks[3].fusion.reduction._forward_hooks
     with pytest.raises(ValueError, match='has no TokenFusion layer'):
         TokenFusionObjective(timm.create_model('deit_tiny_patch16_224', **SMALL), 1., 1.)
     with pytest.raises(ValueError, match='must be >= 0'):

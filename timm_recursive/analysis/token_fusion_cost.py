@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from timm.layers import Attention
 
-from timm_recursive.layers import clustering_macs, record_token_fusion, recorded_reductions
+from timm_recursive.layers import clustering_macs, record_token_fusion
 
 __all__ = ['count_gmacs']
 
@@ -25,15 +25,15 @@ def count_gmacs(model: nn.Module, image: torch.Tensor) -> Dict[str, float]:
     for a in attns:
         a.fused_attn = False
     try:
-        with torch.inference_mode(), record_token_fusion(model), FlopCounterMode(display=False) as counter:
-            model(image)
-            reductions = recorded_reductions(model).values()
+        with torch.inference_mode(), record_token_fusion(model) as reductions:
+            with FlopCounterMode(display=False) as counter:
+                model(image)
     finally:
         for a, f in zip(attns, fused):
             a.fused_attn = f
     dim = model.embed_dim
     clustering = sum(clustering_macs(r['fuse_index'].shape[1], dim, int(r['num_clusters']))
-                     for r in reductions if int(r['num_clusters']) > 0)
+                     for r in reductions.values() if int(r['num_clusters']) > 0)
     counted = counter.get_total_flops() / 2  # the counter reports 2 FLOPs per multiply-accumulate
     return {'counted_gmacs': counted / 1e9, 'clustering_gmacs': clustering / 1e9,
             'gmacs': (counted + clustering) / 1e9}

@@ -4,9 +4,10 @@ The picture EViT (Liang et al. 2022) and ToMe (Bolya et al. 2023) draw of their 
 the token decoupling and fusion of the source document ("Para Além dos Tokens Atentos: Vision
 Transformers Eficientes com Importância e Diversidade de Tokens").
 
-``fusion_stages(model, images)`` runs the model once with recording on and returns, per reduction
-block, for every original patch: the token standing for it, whether that token is a fused one and
-which cluster; plus the kept / fused counts and the cluster sizes.
+``fusion_stages(model, images)`` runs the model once, reading its reductions with forward hooks
+(``record_token_fusion``), and returns, per reduction block, for every original patch: the token
+standing for it, whether that token is a fused one and which cluster; plus the kept / fused counts
+and the cluster sizes.
 
 ``python -m timm_recursive.analysis.token_fusion_maps --model deit_s_tokenfuse [--pretrained]
 [--keep-rate 0.7] [--images a.jpg ...] --out DIR`` writes ``token_fusion_<i>.png`` per image (the
@@ -23,8 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from timm_recursive.layers import (
-    TokenFusionBlock, apply_token_fusion, record_token_fusion, recorded_reductions, token_sources)
+from timm_recursive.layers import TokenFusionBlock, apply_token_fusion, record_token_fusion, token_sources
 
 from .images import denormalise, load_images
 
@@ -40,9 +40,9 @@ def fusion_stages(model: nn.Module, images: torch.Tensor) -> List[Dict]:
     was_training = model.training
     model.eval()
     try:
-        with record_token_fusion(model):
+        with record_token_fusion(model) as reductions:
             model(images)
-            done = list(recorded_reductions(model).items())
+        done = list(reductions.items())
     finally:
         model.train(was_training)
     if not done:  # keep_rate = 1: nothing was reduced

@@ -12,7 +12,9 @@ One building block per file, no model code. Conventions shared by the layers:
   (B, L, heads, n) over the n attended keys, whose positions (B, L, n) are the input of its
   ``key_select`` (``attention_map`` makes the full map).
 * Anything else a layer decides (which keys, which tokens are merged) follows the same pattern: an
-  ``nn.Identity`` hook point called with it, documented in the layer's docstring.
+  ``nn.Identity`` hook point called with it, documented in the layer's docstring; where TorchScript
+  needs more than one Tensor, a typed no-op module instead (``TokenFusion.reduction``, a
+  ``ReductionPoint``, called with a reduction's inputs and record).
 """
 from .mixture_of_experts import MixtureOfExperts, expert_counts, load_balancing_loss, router_z_loss
 from .sparse_attention import DynamicSparseAttention, attention_map, sparse_attention_sparsity
@@ -24,5 +26,5 @@ from .token_fusion import (
     fuse_tokens, fusion_objective_terms, fusion_output_counts, num_kept, split_by_importance, token_sources,
     weighted_cluster_means)
 from .token_fusion_patch import (
-    ClsRowAttention, TokenFusion, TokenFusionBlock, TokenFusionObjective, apply_token_fusion, record_token_fusion,
-    recorded_reductions)
+    ClsRowAttention, ReductionPoint, TokenFusion, TokenFusionBlock, TokenFusionObjective, apply_token_fusion,
+    record_token_fusion)

@@ -261,7 +261,7 @@ def fusion_objective_terms(
 
 
 def token_sources(records: List[Dict[str, torch.Tensor]], num_patches: int) -> List[Dict[str, torch.Tensor]]:
-    """Where every original patch went, after each recorded reduction (``TokenFusion.last_record``).
+    """Where every original patch went, after each recorded reduction (``record_token_fusion``).
 
     Returns one dict per reduction: ``token`` (B, num_patches), the index among the output patch
     tokens that stands for each original patch (-1: dropped, when ``num_fused_tokens = 0``);

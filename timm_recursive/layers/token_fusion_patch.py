@@ -9,12 +9,14 @@ Importância e Diversidade de Tokens") put it.
 
 - ``ClsRowAttention``: timm's ``Attention`` (same parameters) whose ``forward_with_cls_row`` also
   returns the importance of every token.
-- ``TokenFusion``: one reduction and its settings; with ``record = True`` it keeps what it did in
-  ``last_record``.
+- ``TokenFusion``: one reduction and its settings; what it did passes through its hook point
+  ``reduction`` (a ``ReductionPoint``).
 - ``TokenFusionBlock``: timm's ``Block`` that reduces its tokens after its attention.
 - ``apply_token_fusion(model, ...)``: makes chosen blocks of a ViT such blocks.
-- ``record_token_fusion``, ``recorded_reductions``: what the reductions of the last forward did.
-- ``TokenFusionObjective``: the source's ``alpha L_imp + beta L_div`` over every ``TokenFusion`` of a model.
+- ``record_token_fusion(model)``: what the reductions of a forward did, read by forward hooks on the
+  hook points (the convention of ``timm_recursive.layers``: no record flags, no ``last_*`` state).
+- ``TokenFusionObjective``: the source's ``alpha L_imp + beta L_div`` over every ``TokenFusion`` of a
+  model, collected by forward hooks on the same hook points during training forwards.
 """
 import contextlib
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -31,8 +33,8 @@ from .token_fusion import (
     fusion_output_counts)
 
 __all__ = [
-    'ClsRowAttention', 'TokenFusion', 'TokenFusionBlock', 'apply_token_fusion', 'record_token_fusion',
-    'recorded_reductions', 'TokenFusionObjective',
+    'ClsRowAttention', 'ReductionPoint', 'TokenFusion', 'TokenFusionBlock', 'apply_token_fusion', 'record_token_fusion',
+    'TokenFusionObjective',
 ]
 
 
@@ -57,6 +59,19 @@ class ClsRowAttention(ProjectedAttention):
         return self.project_output(x, gate), cls_importance(q, k, score, attn)
 
 
+class ReductionPoint(nn.Module):
+    """Hook point of ``TokenFusion``: called once per reduction with what it saw and did; returns nothing.
+
+    Its inputs are ``fusion_objective_terms``'s arguments: the patch tokens (B, N, C) the reduction
+    saw, their importance (B, N), both with their gradient, and ``fuse_tokens``'s record (its
+    ``keep_index``, ``fuse_index``, ``assignment``, ``importance``, ``num_clusters``). Not an
+    ``nn.Identity``: under TorchScript that takes a single Tensor.
+    """
+
+    def forward(self, patches: torch.Tensor, importance: torch.Tensor, record: Dict[str, torch.Tensor]) -> None:
+        pass
+
+
 class TokenFusion(nn.Module):
     """Keeps the most attended patch tokens and fuses the others into a few importance-weighted cluster means.
 
@@ -74,9 +89,10 @@ class TokenFusion(nn.Module):
         mode: ``'both'``, ``'importance'`` or ``'diversity'`` (``FUSION_MODES``, see ``token_fusion``).
         importance_score: ``'cls_query'`` or ``'head_mean'`` (``IMPORTANCE_SCORES``, see
             ``token_fusion``); read by the block that computes the attention.
+
+    Hook point (the convention of ``timm_recursive.layers``): ``reduction`` (``ReductionPoint``) is
+    called with what each reduction saw and did; not called when nothing was reduced.
     """
-    last_record: Dict[str, torch.Tensor]  # typed for TorchScript, which cannot infer it from {}
-    last_objective: Dict[str, torch.Tensor]
 
     def __init__(
             self, keep_rate: float = 0.7, num_fused_tokens: int = 4, knn: int = 5, mode: str = 'both',
@@ -96,10 +112,7 @@ class TokenFusion(nn.Module):
         self.knn = int(knn)
         self.mode = mode
         self.importance_score = importance_score
-        self.record = False
-        self.last_record = {}
-        self.collect_objective = False  # set by TokenFusionObjective: keep the loss terms of training forwards
-        self.last_objective = {}
+        self.reduction = ReductionPoint()
 
     def extra_repr(self) -> str:
         return (f'keep_rate={self.keep_rate}, num_fused_tokens={self.num_fused_tokens}, knn={self.knn}, '
@@ -114,10 +127,8 @@ class TokenFusion(nn.Module):
         """Reduce tokens ``x`` (B, P + N, C) given the importance (B, N) of its N patch tokens."""
         out, record = fuse_tokens(
             x, importance, num_prefix_tokens, self.keep_rate, self.num_fused_tokens, self.knn, self.mode)
-        if self.record:
-            self.last_record = record
-        if self.collect_objective and self.training:
-            self.last_objective = fusion_objective_terms(x[:, num_prefix_tokens:], importance, record)
+        if len(record) > 0:
+            self.reduction(x[:, num_prefix_tokens:], importance, record)
         return out
 
 
@@ -193,35 +204,39 @@ def apply_token_fusion(
 
 
 @contextlib.contextmanager
-def record_token_fusion(model: nn.Module) -> Iterator[List[TokenFusion]]:
-    """Within the block, every ``TokenFusion`` of ``model`` keeps its last reduction in ``last_record``.
+def record_token_fusion(model: nn.Module) -> Iterator[Dict[int, Dict[str, torch.Tensor]]]:
+    """Within the block, what the token fusion blocks of ``model.blocks`` did, by block index.
 
-    Yields the fusion modules in forward order; recording is off again afterwards (it costs
-    nothing when off).
+    Yields a dict that each forward fills: block index -> that block's last reduction
+    (``fuse_tokens``'s record), in block order; blocks that reduced nothing are absent. The forward
+    hooks on the ``reduction`` hook points are removed on exit.
     """
-    fusions = [m for m in model.modules() if isinstance(m, TokenFusion)]
-    for fusion in fusions:
-        fusion.record, fusion.last_record = True, {}
+    records: Dict[int, Dict[str, torch.Tensor]] = {}
+
+    def keep_record(index: int):
+        def hook(module, inputs, output):
+            records[index] = inputs[2]
+        return hook
+
+    # by name: an FX graph module's ``blocks`` is a plain Module, not indexable
+    handles = [block.fusion.reduction.register_forward_hook(keep_record(int(name)))
+               for name, block in model.blocks.named_children() if isinstance(block, TokenFusionBlock)]
     try:
-        yield fusions
+        yield records
     finally:
-        for fusion in fusions:
-            fusion.record = False
-
-
-def recorded_reductions(model: nn.Module) -> Dict[int, Dict[str, torch.Tensor]]:
-    """The last record of every token fusion block of ``model`` that reduced its tokens, by block index."""
-    return {i: block.fusion.last_record for i, block in enumerate(model.blocks)
-            if isinstance(block, TokenFusionBlock) and block.fusion.last_record}
+        for handle in handles:
+            handle.remove()
 
 
 class TokenFusionObjective:
-    """``alpha L_imp + beta L_div`` over every ``TokenFusion`` of ``model``, from its last forward.
+    """``alpha L_imp + beta L_div`` over every ``TokenFusion`` of ``model``, from its last training forward.
 
-    The terms are ``token_fusion.fusion_objective_terms``'s, the source's training objective.
-
-    Turns on the collection of the terms in those layers (training forwards only); call it after
-    each training forward. Each term is averaged over the reductions that have it.
+    The terms are ``token_fusion.fusion_objective_terms``'s, the source's training objective. They
+    are part of the training loss, not an analysis: forward hooks on the layers' ``reduction`` hook
+    points compute them during training forwards (``model.train()``; evaluation forwards compute
+    nothing), with their gradient, and keep them until the next call; the hooks stay attached until
+    ``remove``. Call it after each training forward. Each term is averaged over the reductions
+    that have it.
 
     Raises:
         ValueError: ``model`` has no ``TokenFusion`` layer, or a negative weight.
@@ -230,19 +245,31 @@ class TokenFusionObjective:
     def __init__(self, model: nn.Module, alpha: float, beta: float):
         if alpha < 0 or beta < 0:
             raise ValueError(f'the token fusion loss weights must be >= 0, got alpha={alpha}, beta={beta}')
-        self.fusions = [m for m in model.modules() if isinstance(m, TokenFusion)]
-        if not self.fusions:
+        fusions = [m for m in model.modules() if isinstance(m, TokenFusion)]
+        if not fusions:
             raise ValueError(f'{type(model).__name__} has no TokenFusion layer: the token fusion objective needs one '
                              '(a deit_*_tokenfuse model, or apply_token_fusion)')
         self.alpha, self.beta = float(alpha), float(beta)
-        for fusion in self.fusions:
-            fusion.collect_objective = True
+        self.points = [f.reduction for f in fusions]
+        self.collected: Dict[int, Dict[str, torch.Tensor]] = {}  # fusion index -> terms of its last training forward
+        self.handles = [point.register_forward_hook(self._keep_terms(i)) for i, point in enumerate(self.points)]
+
+    def _keep_terms(self, index: int):
+        def hook(module, inputs, output):
+            # a deep copy of the model (an EMA) carries this hook too: only the layers of ``model`` count
+            if module.training and module is self.points[index]:
+                self.collected[index] = fusion_objective_terms(*inputs)
+        return hook
+
+    def remove(self) -> None:
+        """Detach the hooks: the model no longer computes the terms."""
+        for handle in self.handles:
+            handle.remove()
+        self.collected = {}
 
     def __call__(self) -> Tuple[torch.Tensor, Dict[str, float]]:
         """The weighted loss of the last training forward and its terms (``imp``, ``div``) as numbers."""
-        collected = [f.last_objective for f in self.fusions]
-        for fusion in self.fusions:
-            fusion.last_objective = {}
+        collected, self.collected = list(self.collected.values()), {}
         loss = torch.zeros(())
         terms = {}
         for name, weight in (('imp', self.alpha), ('div', self.beta)):

@@ -1,3 +1,3 @@
 from .recursive_classifier import RecursiveBlock, RecursiveClassifier
 from .vision_transformer_entmax import EntmaxVisionTransformer
-from .deit_token_fusion import TokenFusionVisionTransformer, apply_token_fusion, record_token_fusion, recorded_reductions
+from .deit_token_fusion import TokenFusionVisionTransformer, apply_token_fusion, record_token_fusion

@@ -26,13 +26,12 @@ from timm.models._features import feature_take_indices
 from timm.models.vision_transformer import VisionTransformer
 
 from timm_recursive.layers import (
-    DEFAULT_IMPORTANCE_SCORE, TokenFusionBlock, apply_token_fusion, record_token_fusion, recorded_reductions,
-    token_sources)
+    DEFAULT_IMPORTANCE_SCORE, TokenFusionBlock, apply_token_fusion, record_token_fusion, token_sources)
 
 from ._vit_builder import create_vit_model, vit_cfg
 
-# apply_token_fusion, record_token_fusion and recorded_reductions are part of this module's API too
-__all__ = ['TokenFusionVisionTransformer', 'apply_token_fusion', 'record_token_fusion', 'recorded_reductions']
+# apply_token_fusion and record_token_fusion are part of this module's API too
+__all__ = ['TokenFusionVisionTransformer', 'apply_token_fusion', 'record_token_fusion']
 
 
 class TokenFusionVisionTransformer(VisionTransformer):
@@ -102,11 +101,10 @@ class TokenFusionVisionTransformer(VisionTransformer):
         B, _, height, width = x.shape
         H, W = self.patch_embed.dynamic_feat_size((height, width))
         take_indices, _ = feature_take_indices(len(self.blocks), indices)
-        with record_token_fusion(self):
+        with record_token_fusion(self) as reduced:
             out = super().forward_intermediates(
                 x, indices, return_prefix_tokens, norm, stop_early, 'NLC', intermediates_only,
                 output_dict, attn_mask, is_causal)
-            reduced = recorded_reductions(self)
         sources = token_sources(list(reduced.values()), H * W)
         reductions_before = [sum(1 for j in reduced if j <= i) for i in take_indices]
 
