@@ -39,7 +39,7 @@ def test_drop_input_size_and_checkpointing_reach_the_model():
 @pytest.mark.parametrize('argv,message', [
     (['--dro', '0.1'], 'unrecognized arguments: --dro'),  # prefixes are never expanded
     (['--see', '1'], 'unrecognized arguments: --see'),
-    (['--epochs', '0'], '--epochs must be at least 1'),
+    (['--epochs', '0'], 'argument --epochs: must be at least 1, got 0'),
     (['--amp', '--mixed-precision', 'bf16'], 'contradicts --mixed-precision'),
     (['--img-size', '24', '--input-size', '3', '24', '24'], '--img-size or --input-size'),
 ])

@@ -12,6 +12,8 @@ class HubError(RuntimeError):
 
 def load_run(run_dir: str) -> Dict:
     """What a training run recorded: ``args`` (args.json), ``summary`` and ``history`` (metrics.jsonl)."""
+    if not os.path.isdir(run_dir):
+        raise HubError(f'{run_dir} does not exist')
     paths = {name: os.path.join(run_dir, name) for name in ('args.json', 'summary.json', 'metrics.jsonl')}
     missing = [name for name, path in paths.items() if not os.path.isfile(path)]
     if missing:

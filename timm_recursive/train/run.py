@@ -33,7 +33,7 @@ from .files import append_json_line, write_json_atomic
 
 __all__ = [
     'SeededSamples', 'StopRequest', 'EpochMeter', 'RunLoop', 'step_seed', 'run_dir_for', 'add_run_arguments',
-    'describe_hardware',
+    'describe_hardware', 'positive_int', 'non_negative_int', 'non_negative_float',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -150,11 +150,29 @@ class EpochMeter:
         return self.images / (self.train_time if self.train_time is not None else time.perf_counter() - self.start)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f'must be at least 1, got {value}')
+def _at_least(text: str, kind: type, low):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not {"an integer" if kind is int else "a number"}') from None
+    if not value >= low:  # also refuses nan
+        raise argparse.ArgumentTypeError(f'must be at least {low:g}, got {text}')
     return value
+
+
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer of at least 1 (a batch size, an image size, a count of epochs)."""
+    return _at_least(text, int, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An ``argparse`` type: an integer of at least 0 (data loader workers)."""
+    return _at_least(text, int, 0)
+
+
+def non_negative_float(text: str) -> float:
+    """An ``argparse`` type: a number of at least 0 (a learning rate, a weight decay, a loss weight)."""
+    return _at_least(text, float, 0.)
 
 
 def add_run_arguments(group, default_output: str) -> None:
@@ -164,7 +182,7 @@ def add_run_arguments(group, default_output: str) -> None:
                             'OUTPUT-1, OUTPUT-2, ... is used instead')
     group.add_argument('--resume', nargs='?', const='auto', default=None,
                        help='continue from the newest state in the run folder, or from the given state folder')
-    group.add_argument('--keep-states', type=_positive_int, default=2,
+    group.add_argument('--keep-states', type=positive_int, default=2,
                        help='training states of this run kept in checkpoints/ (at least 1)')
     group.add_argument('--no-progress', action='store_true', help='no progress bars')
 
