@@ -10,7 +10,9 @@ from helpers import TINY_RUN, load_script
 train_script = load_script('train')
 
 
-def test_timm_flag_names_mean_what_they_mean_in_timm():
+def test_timm_flag_names_mean_what_they_mean_in_timm(monkeypatch):
+    import accelerate.tracking
+    monkeypatch.setattr(accelerate.tracking, 'get_available_trackers', lambda: ['wandb'])  # installed or not here
     args = train_script.parse_args([
         '-b', '8', '-j', '0', '--amp', '--amp-dtype', 'bfloat16', '--drop', '0.1', '--seed', '3',
         '--img-size', '24', '--layer-decay', '0.75', '--channels-last', '--grad-checkpointing', '--torchcompile',
