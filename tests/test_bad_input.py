@@ -41,9 +41,9 @@ def _argv(command: str, argv, output: str):
     if command == 'train_dino':
         return [*TINY_DINO, *argv, '--output', output]
     if command == 'evaluate':
-        return ['--dataset', 'digits', *argv, '--json', f'{output}/result.json']
+        return ['--dataset', 'digits', *argv, '--results-file', f'{output}/result.json']
     if command == 'probe':
-        return [*argv, '--output', f'{output}/result.json']
+        return [*argv, '--results-file', f'{output}/result.json']
     return [*argv, '--out', output]
 
 

@@ -37,7 +37,8 @@ def parse_args(argv=None):
     p.add_argument('-b', '--batch-size', type=positive_int, default=256)
     p.add_argument('-j', '--workers', type=non_negative_int, default=0, help='data loader worker processes')
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--json', default=None, help='also write the results to this JSON file')
+    p.add_argument('--results-file', '--json', dest='results_file', default=None,
+                   help='also write the results to this JSON file (timm validate.py\'s name; --json is the old one)')
     args = p.parse_args(argv)
     if args.model is None and args.checkpoint is None:
         p.error('give --model (with --pretrained) and/or --checkpoint')
@@ -70,8 +71,8 @@ def main(argv=None) -> int:
     result = evaluate_steps(StepOutputs(model), loader, progress=True, device=args.device)
     print(f'{args.checkpoint or args.model} on {args.dataset} ({splits.source}):')
     print(format_results(result))
-    if args.json:
-        write_json_atomic(args.json, {'model': args.model, 'checkpoint': args.checkpoint, 'dataset': args.dataset,
+    if args.results_file:
+        write_json_atomic(args.results_file, {'model': args.model, 'checkpoint': args.checkpoint, 'dataset': args.dataset,
                                       **result})
     return 0
 

@@ -13,7 +13,7 @@ The backbone is ``--checkpoint`` (an exported folder such as ``train_dino.py``'s
 state folder) or ``--model`` (with ``--pretrained``); it is built with ``num_classes=0`` and stays frozen.
 Segmentation datasets: a Hub id or local folder with an image column and a per-pixel mask column
 (``mask``, ``annotation`` as in ADE20K, ...); masks and images are resized to ``--img-size`` (nearest
-for masks) and mIoU is computed at that resolution. The result is printed and written to ``--output``.
+for masks) and mIoU is computed at that resolution. The result is printed and written to ``--results-file``.
 """
 import argparse
 import json
@@ -59,7 +59,8 @@ def add_probe_arguments(p) -> None:
     g.add_argument('--weight-decay', type=non_negative_float, default=0.)
     g.add_argument('--probe-batch-size', type=positive_int, default=256)
     g.add_argument('--seed', type=int, default=0)
-    g.add_argument('--output', default=None, help='JSON file of the result')
+    g.add_argument('--results-file', '--output', dest='results_file', default=None,
+                   help='JSON file of the result (timm validate.py\'s name; --output, the old one, names folders elsewhere)')
     g.add_argument('--no-progress', action='store_true')
 
 
@@ -233,9 +234,9 @@ def main(argv=None) -> int:
         return 2
     result['wall_time_s'] = time.perf_counter() - start
     print(json.dumps({k: v for k, v in result.items() if k != 'per_class_iou'}, indent=2))
-    if getattr(args, 'output', None):
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        write_json_atomic(args.output, result)
+    if getattr(args, 'results_file', None):
+        os.makedirs(os.path.dirname(os.path.abspath(args.results_file)), exist_ok=True)
+        write_json_atomic(args.results_file, result)
     return 0
 
 

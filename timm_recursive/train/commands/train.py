@@ -50,8 +50,8 @@ from timm_recursive.train.factory import ModelKwargs, check_input_size, create_c
 from timm_recursive.train.files import write_json_atomic
 from timm_recursive.train.losses import STEP_WEIGHTINGS, StepOutputs, deep_supervision_loss, step_weights
 from timm_recursive.train.run import (
-    RunLoop, SeededSamples, add_run_arguments, describe_hardware, non_negative_float, non_negative_int, positive_int,
-    run_dir_for)
+    RunLoop, SeededSamples, add_run_arguments, describe_hardware, non_negative_float, non_negative_int,
+    parse_args_with_config, positive_int, run_dir_for)
 
 _logger = logging.getLogger('train')
 
@@ -154,7 +154,7 @@ def parse_args(argv=None):
     g.add_argument('--log-wandb', action='store_true', help='timm\'s name for --log-with wandb')
     g.add_argument('--log-project', default='timm-recursive',
                    help='project name the trackers log to (timm\'s --experiment names an output sub-folder instead)')
-    args = p.parse_args(argv)
+    args = parse_args_with_config(p, argv)
     if args.amp:
         if args.mixed_precision not in (None, AMP_DTYPES[args.amp_dtype]):
             p.error(f'--amp --amp-dtype {args.amp_dtype} contradicts --mixed-precision {args.mixed_precision}')

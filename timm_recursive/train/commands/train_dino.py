@@ -43,8 +43,8 @@ from timm_recursive.train.checkpoint import CheckpointError, store_weights_as_ti
 from timm_recursive.train.export import export_model
 from timm_recursive.train.factory import ModelKwargs, check_input_size, create_classifier
 from timm_recursive.train.run import (
-    RunLoop, SeededSamples, add_run_arguments, describe_hardware, non_negative_float, non_negative_int, positive_int,
-    run_dir_for)
+    RunLoop, SeededSamples, add_run_arguments, describe_hardware, non_negative_float, non_negative_int,
+    parse_args_with_config, positive_int, run_dir_for)
 
 
 _logger = logging.getLogger('train_dino')
@@ -116,9 +116,12 @@ def parse_args(argv=None):
     g.add_argument('--seed', type=int, default=0)
     add_run_arguments(g, default_output='runs/dino')
 
-    preset = PRESETS[p.parse_known_args(argv)[0].preset]
+    preset_name = p.parse_known_args(argv)[0].preset
+    preset = PRESETS[preset_name]
     p.set_defaults(**{k: v for k, v in preset.items() if k != 'model_kwargs'})
-    args = p.parse_args(argv)
+    args = parse_args_with_config(p, argv)  # a --config file's values win over the preset's
+    if args.preset != preset_name:
+        p.error('--preset is read from the command line only (a --config file sets values over it)')
     args.model_kwargs = {**preset.get('model_kwargs', {}), **args.model_kwargs}
     if args.warmup_epochs > args.epochs:
         p.error(f'--warmup-epochs {args.warmup_epochs} exceeds --epochs {args.epochs}')
