@@ -211,7 +211,8 @@ def load_dataset_dict(name):
     if isinstance(name, datasets.Dataset):
         return datasets.DatasetDict(train=name), f'a Dataset of {len(name)} rows', []
     if not isinstance(name, str):
-        raise DatasetError(f'a dataset is a name, a path, a datasets.Dataset or a DatasetDict, not {type(name).__name__}')
+        raise DatasetError(f'a dataset is a name, a path, a datasets.Dataset or a DatasetDict, '
+                           f'not {type(name).__name__}')
     if name == 'digits':
         return _load_digits(), "scikit-learn's bundled digits (stratified 75/25 split, seed 0)", []
     if os.path.exists(name):

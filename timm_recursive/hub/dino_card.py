@@ -24,7 +24,8 @@ DINO_RECIPE_KEYS = ('preset', 'epochs', 'batch_size', 'lr', 'min_lr', 'warmup_ep
 
 
 def render_dino_card(model, run: Dict, record: Dict, weights_note: str, repo_id: str, pretrained_cfg: Dict) -> str:
-    """The model card (front matter + body) of the DINO backbone ``model`` from what ``run`` recorded at ``record``'s epoch."""
+    """The model card (front matter + body) of the DINO backbone ``model``, from what ``run`` recorded at
+    ``record``'s epoch; ``pretrained_cfg`` is the exported ``config.json``'s."""
     from huggingface_hub import ModelCard, ModelCardData
 
     args, summary = run['args'], run['summary']

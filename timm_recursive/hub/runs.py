@@ -1,4 +1,4 @@
-"""What a training run (``timm-recursive-train`` or ``timm-recursive-train-dino``) recorded, as the Hub export reads it."""
+"""What a training run (``timm-recursive-train`` or ``-train-dino``) recorded, as the Hub export reads it."""
 import json
 import os
 from typing import Dict

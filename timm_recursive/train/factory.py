@@ -34,6 +34,8 @@ def _create_model(model_name: str, **kwargs) -> nn.Module:
     import timm
     try:
         return timm.create_model(model_name, **kwargs)
+    except OSError:  # weights that cannot be fetched or read (some are ValueErrors too): the callers report those
+        raise
     except (TypeError, ValueError) as e:  # the model's own checks of its arguments
         raise CheckpointError(f'cannot build {model_name}: {type(e).__name__}: {e} (check --model-kwargs)') from e
 

@@ -72,8 +72,8 @@ def main(argv=None) -> int:
     print(f'{args.checkpoint or args.model} on {args.dataset} ({splits.source}):')
     print(format_results(result))
     if args.results_file:
-        write_json_atomic(args.results_file, {'model': args.model, 'checkpoint': args.checkpoint, 'dataset': args.dataset,
-                                      **result})
+        write_json_atomic(args.results_file, {'model': args.model, 'checkpoint': args.checkpoint,
+                                              'dataset': args.dataset, **result})
     return 0
 
 

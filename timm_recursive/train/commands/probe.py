@@ -60,7 +60,8 @@ def add_probe_arguments(p) -> None:
     g.add_argument('--probe-batch-size', type=positive_int, default=256)
     g.add_argument('--seed', type=int, default=0)
     g.add_argument('--results-file', '--output', dest='results_file', default=None,
-                   help='JSON file of the result (timm validate.py\'s name; --output, the old one, names folders elsewhere)')
+                   help='JSON file of the result (timm validate.py\'s name; --output, the old one, names '
+                        'folders in the other commands)')
     g.add_argument('--no-progress', action='store_true')
 
 
@@ -82,7 +83,8 @@ def parse_args(argv=None):
     segment.add_argument('--ignore-index', type=int, default=255, help='label excluded from training and mIoU')
     segment.add_argument('--reduce-zero-label', action='store_true',
                          help='ADE20K convention: label 0 is "other" (ignored), the rest shift down by one')
-    segment.add_argument('--img-size', type=positive_int, default=None, help='square probe resolution (default: the model\'s)')
+    segment.add_argument('--img-size', type=positive_int, default=None,
+                         help='square probe resolution (default: the model\'s)')
     segment.add_argument('--with-cls', action='store_true', help='concatenate the [CLS] token to every patch feature')
     compose = sub.add_parser('compose', allow_abbrev=False, help='segmentation canvases from a classification dataset')
     compose.add_argument('--dataset', required=True)

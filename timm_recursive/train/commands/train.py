@@ -78,11 +78,13 @@ def parse_args(argv=None):
     g.add_argument('--model', default='recursive_dsa_moe_tiny', help='registered model name, optionally with a .tag')
     g.add_argument('--pretrained', action='store_true', help='start from the pretrained weights of --model')
     g.add_argument('--num-classes', type=positive_int, default=None, help='classes (default: the dataset\'s)')
-    g.add_argument('--in-chans', type=positive_int, default=None, help='input channels (default: the pretrained config\'s)')
+    g.add_argument('--in-chans', type=positive_int, default=None,
+                   help='input channels (default: the pretrained config\'s)')
     g.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs, help='e.g. num_steps=8 topk=6')
     g.add_argument('--drop', type=non_negative_float, default=None, help='dropout rate (timm\'s drop_rate)')
     g.add_argument('--drop-path', type=non_negative_float, default=None, help='stochastic depth rate')
-    g.add_argument('--img-size', type=positive_int, default=None, help='input image size (default: the pretrained config\'s)')
+    g.add_argument('--img-size', type=positive_int, default=None,
+                   help='input image size (default: the pretrained config\'s)')
     g.add_argument('--input-size', type=positive_int, nargs=3, default=None, metavar=('C', 'H', 'W'),
                    help='input channels, height and width (default: the pretrained config\'s); a ViT is built '
                         'for that size (pretrained position embeddings are resampled)')
@@ -135,7 +137,8 @@ def parse_args(argv=None):
     g.add_argument('--model-ema-decay', type=float, default=0.999)
     g.add_argument('--step-weighting', default='uniform', choices=STEP_WEIGHTINGS,
                    help='weights of the per-step losses (recursive models)')
-    g.add_argument('--aux-loss-coef', type=non_negative_float, default=0.01, help='coefficient of the MoE auxiliary loss')
+    g.add_argument('--aux-loss-coef', type=non_negative_float, default=0.01,
+                   help='coefficient of the MoE auxiliary loss')
     g.add_argument('--mixed-precision', default=None, choices=('no', 'bf16', 'fp16'), help='default: no')
     g.add_argument('--amp', action='store_true', help='mixed precision in --amp-dtype (timm\'s name)')
     g.add_argument('--amp-dtype', default='float16', choices=tuple(AMP_DTYPES))

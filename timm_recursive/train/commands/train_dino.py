@@ -97,13 +97,15 @@ def parse_args(argv=None):
     g = p.add_argument_group('optimisation')
     g.add_argument('--epochs', type=positive_int, default=200)
     g.add_argument('-b', '--batch-size', type=positive_int, default=64, help='per process')
-    g.add_argument('--lr', type=non_negative_float, default=5e-4, help='peak learning rate for a total batch of 256 (scaled linearly)')
+    g.add_argument('--lr', type=non_negative_float, default=5e-4,
+                   help='peak learning rate for a total batch of 256 (scaled linearly)')
     g.add_argument('--min-lr', type=non_negative_float, default=1e-5)
     g.add_argument('--warmup-epochs', type=non_negative_int, default=10)
     g.add_argument('--weight-decay', type=non_negative_float, default=0.04)
     g.add_argument('--weight-decay-end', type=non_negative_float, default=0.4)
     g.add_argument('--clip-grad', type=non_negative_float, default=3.0, help='gradient norm clipping (0: off)')
-    g.add_argument('--freeze-last-layer', type=non_negative_int, default=1, help='epochs during which the prototype layer is frozen')
+    g.add_argument('--freeze-last-layer', type=non_negative_int, default=1,
+                   help='epochs during which the prototype layer is frozen')
     g.add_argument('--momentum-teacher', type=float, default=0.996, help='initial teacher EMA momentum (cosine to 1)')
     g.add_argument('--teacher-temp', type=float, default=0.07)
     g.add_argument('--warmup-teacher-temp', type=float, default=0.04)
