@@ -17,10 +17,13 @@ SIGINT/SIGTERM, the model and its EMA as timm-named ``model.safetensors``/``mode
 previous run is never overwritten: without ``--resume`` the run goes to ``OUTPUT-1`` (then ``-2``, ...).
 The run loop is ``timm_recursive.train.run.RunLoop``, shared with ``timm-recursive-train-dino``.
 
-timm's own ``train.py`` names are accepted where they mean the same (``-b``, ``-j``, ``--amp``,
-``--img-size``/``--input-size``, ``--drop``, ``--layer-decay``, ``--channels-last``,
-``--grad-checkpointing``, ``--torchcompile``, ``--seed``, ``--log-wandb``); abbreviations of option
-names are refused rather than guessed (``--drop`` is not ``--drop-path``).
+timm's own ``train.py`` names are accepted where they mean the same (``-c/--config`` YAML defaults,
+``-b``, ``-j``, ``--amp``, ``--img-size``/``--input-size``, ``--drop``, ``--layer-decay``,
+``--channels-last``, ``--grad-checkpointing``, ``--torchcompile``, ``--seed``, ``--log-wandb``); the
+trackers' project is ``--log-project`` (timm's ``--experiment`` names an output sub-folder instead).
+Abbreviations of option names are refused rather than guessed (``--drop`` is not ``--drop-path``), and
+bad input (a value out of range, a ``--model-kwargs`` the model refuses, an image size it cannot take,
+an uninstalled tracker) is one ``error:`` line and exit status 2 before the run folder is created.
 """
 import argparse
 import json

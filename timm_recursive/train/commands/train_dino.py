@@ -12,7 +12,8 @@ weight decay 0.04 -> 0.4 (cosine), prototype layer frozen for the first epoch, d
 64 per process. ``--preset cpu28`` is a recipe for 28 px grayscale images on 2 CPU cores: a ViT of
 width 192, depth 4, patch 4; 2 x 28 px global and 4 x 12 px local crops; 1024 prototypes.
 
-Registers: ``--model-kwargs reg_tokens=4``. The model is built with ``num_classes=0`` (its output is the
+``-c/--config FILE`` (YAML, keys are option names) sets values over the preset's; the command line
+wins over both. Registers: ``--model-kwargs reg_tokens=4``. The model is built with ``num_classes=0`` (its output is the
 [CLS] feature) and ``dynamic_img_size=True`` (local crops interpolate the position embedding).
 
 A run folder holds ``args.json``, ``metrics.jsonl`` (one JSON object per epoch: loss, teacher entropy,
