@@ -1,6 +1,7 @@
 """Hub publishing and loading, offline: export folders, model cards, the HF cache, upload, load errors."""
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -10,7 +11,9 @@ from safetensors.torch import save_file
 
 import timm
 import timm_recursive  # noqa: F401
-from timm_recursive.hub import HUB_ORG, HubError, export_run, load_run, public_command, push_to_hub
+from timm_recursive.hub import (
+    HUB_ORG, HubError, export_run, load_run, public_command, push_to_hub, render_model_card)
+from timm_recursive.train import create_model_from_checkpoint
 
 from helpers import TINY_RUN, load_script
 
@@ -51,10 +54,16 @@ def test_card_front_matter_parses_and_carries_the_measured_metrics(hub_folder, r
     card = open(os.path.join(hub_folder, 'README.md')).read()
     meta = _front_matter(card)
     assert meta['library_name'] == 'timm' and meta['license'] == 'apache-2.0'
-    assert 'image-classification' in meta['tags'] and meta['datasets'] == ['scikit-learn/digits']
+    assert 'image-classification' in meta['tags']
+    # digits is this package's own split of scikit-learn's data: no Hub dataset, so no model-index
+    assert 'datasets' not in meta and 'model-index' not in meta
     run = load_run(run_dir)
     last = run['history'][-1]
-    metrics = {m['name']: m['value'] for m in meta['model-index'][0]['results'][0]['metrics']}
+    model = create_model_from_checkpoint(hub_folder)
+    on_the_hub = dict(run, summary={**run['summary'], 'dataset': 'fashion_mnist'})
+    hub_meta = _front_matter(render_model_card(model, on_the_hub, last, 'note.', REPO_ID, model.pretrained_cfg))
+    assert hub_meta['datasets'] == ['zalando-datasets/fashion_mnist']
+    metrics = {m['name']: m['value'] for m in hub_meta['model-index'][0]['results'][0]['metrics']}
     assert metrics['top-1 accuracy (final step)'] == round(last['eval_top1'], 2)
     assert metrics['top-5 accuracy (final step)'] == round(last['eval_top5'], 2)
     # every step's accuracy is in the card, the run's command and the usage starting with the import
@@ -172,3 +181,40 @@ def test_card_of_a_run_shows_its_own_training_facts_and_no_local_path(hub_folder
     assert f'for {summary["epochs"]} epochs on {summary["train_images"]} training images' in card
     assert f'{top1[-1] - top1[0]:+.2f} points from step 1' in card  # what the steps did in this run, no more
     assert run_dir not in card and os.path.dirname(run_dir) not in card and '--output OUTPUT_DIR' in card
+
+
+# a DINO run of a few seconds: a 1-block entmax ViT of width 32 on 32 digits, 8 px global and 4 px local crops
+TINY_DINO = ['--preset', 'cpu28', '--dataset', 'digits', '--max-train-samples', '32', '-b', '16', '--epochs', '1',
+             '--no-progress', '--model', 'vit_small_entmax', '--model-kwargs', 'img_size=8', 'patch_size=4',
+             'embed_dim=32', 'depth=1', 'num_heads=2', '--global-size', '8', '--local-size', '4', '--num-local', '2',
+             '--out-dim', '64', '--head-hidden-dim', '32', '--bottleneck-dim', '16']
+LOCAL_PATH = re.compile(r'''(?<![^\s(='"])/(tmp|home|usr|root)\b''')
+
+
+def test_push_script_publishes_a_dino_run_and_exported_model_folders(run_dir, tmp_path, capsys):
+    dino = str(tmp_path / 'dino_run')
+    assert load_script('train_dino').main(TINY_DINO + ['--output', dino]) == 0
+    sources = {'dino': dino, 'dino_model': os.path.join(dino, 'model'), 'model': os.path.join(run_dir, 'model')}
+    cards = {}
+    for name, source in sources.items():
+        out = tmp_path / f'{name}_hub'
+        assert push_script.main([source, '--out', str(out), '--dry-run']) == 0
+        cards[name] = (out / 'README.md').read_text()
+        assert not LOCAL_PATH.search(cards[name]) and str(tmp_path) not in cards[name]
+        assert os.path.dirname(run_dir) not in cards[name] and '$' not in cards[name].replace('$ ', '')
+    assert cards['dino'] == cards['dino_model']  # a run's model/ folder publishes that run
+    meta = _front_matter(cards['dino'])
+    assert meta['pipeline_tag'] == 'image-feature-extraction' and 'model-index' not in meta and 'datasets' not in meta
+    record = load_run(dino)['history'][-1]
+    assert f'| {record["loss"]:.4f} | {record["teacher_entropy"]:.3f} |' in cards['dino']
+    assert '| `teacher_temp` | `0.04` |' in cards['dino'] and 'teacher backbone of the last epoch' in cards['dino']
+    backbone = timm.create_model(f'local-dir:{tmp_path / "dino_hub"}', pretrained=True).eval()
+    assert backbone.num_classes == 0 and backbone(torch.zeros(1, 1, 8, 8)).shape == (1, 32)
+    assert 'best epoch' in cards['model']  # a classification run's model/ folder is its best epoch
+    capsys.readouterr()
+    assert push_script.main([dino, '--weights', 'best', '--dry-run']) == 2
+    assert 'selects no best epoch' in capsys.readouterr().err
+    bare = tmp_path / 'bare_export'
+    shutil.copytree(os.path.join(run_dir, 'model'), bare)
+    assert push_script.main([str(bare), '--dry-run']) == 2
+    assert 'without the training run that made it' in capsys.readouterr().err and not (bare / 'hub').exists()

@@ -58,7 +58,7 @@ def test_card_and_config_say_how_to_install_and_that_the_import_is_needed(publis
     family, run, out = published
     card = open(os.path.join(out, 'README.md')).read()
     meta = _front_matter(card)
-    assert meta['datasets'] == ['scikit-learn/digits'] and 'base_model' not in meta
+    assert 'datasets' not in meta and 'base_model' not in meta  # digits: this package's split, no Hub dataset
     assert 'Trained from random initialisation' in card
     assert INSTALL_COMMAND in card and 'import timm_recursive' in card and 'Unknown model' in card
     assert '$' not in card.replace('$ ', '')  # no unfilled placeholder
@@ -131,3 +131,13 @@ def test_a_model_without_a_card_family_is_a_clear_error():
     model = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=16, depth=1)
     with pytest.raises(HubError, match='no model card for VisionTransformer: the card families are'):
         render_model_card(model, {}, {}, 'note.', 'me/tiny', model.pretrained_cfg)
+
+
+def test_token_fusion_objective_weights_are_in_the_recipe_of_token_fusion_cards(published):
+    family, run_dir, out = published
+    run = load_run(run_dir)
+    run = dict(run, args={**run['args'], 'fusion_imp_weight': 0.5, 'fusion_div_weight': 0.25})
+    model = create_model_from_checkpoint(out)
+    card = render_model_card(model, run, run['history'][-1], 'note.', 'me/tiny', model.pretrained_cfg)
+    shown = '| `fusion_imp_weight` | `0.5` |' in card and '| `fusion_div_weight` | `0.25` |' in card
+    assert shown == (family == 'TokenFusionVisionTransformer')

@@ -10,7 +10,9 @@ from helpers import TINY_RUN, load_script
 train_script = load_script('train')
 
 
-def test_timm_flag_names_mean_what_they_mean_in_timm():
+def test_timm_flag_names_mean_what_they_mean_in_timm(monkeypatch):
+    import accelerate.tracking
+    monkeypatch.setattr(accelerate.tracking, 'get_available_trackers', lambda: ['wandb'])  # installed or not here
     args = train_script.parse_args([
         '-b', '8', '-j', '0', '--amp', '--amp-dtype', 'bfloat16', '--drop', '0.1', '--seed', '3',
         '--img-size', '24', '--layer-decay', '0.75', '--channels-last', '--grad-checkpointing', '--torchcompile',
@@ -39,7 +41,7 @@ def test_drop_input_size_and_checkpointing_reach_the_model():
 @pytest.mark.parametrize('argv,message', [
     (['--dro', '0.1'], 'unrecognized arguments: --dro'),  # prefixes are never expanded
     (['--see', '1'], 'unrecognized arguments: --see'),
-    (['--epochs', '0'], '--epochs must be at least 1'),
+    (['--epochs', '0'], 'argument --epochs: must be at least 1, got 0'),
     (['--amp', '--mixed-precision', 'bf16'], 'contradicts --mixed-precision'),
     (['--img-size', '24', '--input-size', '3', '24', '24'], '--img-size or --input-size'),
 ])
@@ -101,3 +103,33 @@ def test_every_command_refuses_abbreviations(name, argv, capsys):
 def test_dino_and_evaluate_take_the_names_train_uses():
     assert load_script('train_dino').parse_args(['-b', '8', '-j', '2']).batch_size == 8
     assert load_script('evaluate').parse_args(['--model', 'resnet10t', '--max-eval-samples', '8']).max_eval_samples == 8
+
+
+def test_a_config_file_sets_defaults_and_the_command_line_wins(tmp_path):
+    config = tmp_path / 'recipe.yaml'
+    config.write_text('batch-size: 8\nlr: 1e-3\nseed: 3\nmodel_kwargs: {num_steps: 2}\namp: true\nsched: step\n'
+                      'scale: [0.5, 1.0]\n')
+    args = train_script.parse_args(['-c', str(config), '-b', '4'])
+    assert args.batch_size == 4 and args.lr == 1e-3 and args.seeds == [3] and args.model_kwargs == {'num_steps': 2}
+    assert args.mixed_precision == 'fp16' and args.sched == 'step' and args.scale == [0.5, 1.0]
+    dino = load_script('train_dino')
+    config.write_text('epochs: 3\nmodel_kwargs: {depth: 2}\n')
+    args = dino.parse_args(['--preset', 'cpu28', '--config', str(config), '--lr', '0.1'])
+    assert args.epochs == 3 and args.lr == 0.1 and args.global_size == 28  # preset < config < command line
+    assert args.model_kwargs['depth'] == 2 and args.model_kwargs['patch_size'] == 4
+
+
+@pytest.mark.parametrize('text,message', [
+    ('batch-sise: 8\n', "unknown option 'batch-sise'"),
+    ('batch_size: 0\n', 'batch_size: must be at least 1, got 0'),
+    ('sched: plateau\n', "sched: 'plateau' is not one of"),
+    ('model_kwargs: num_steps=2\n', 'model_kwargs: expected a mapping'),
+    ('- 8\n', 'expected a mapping of option names to values'),
+])
+def test_a_bad_config_file_is_a_usage_error_naming_it(text, message, tmp_path, capsys):
+    config = tmp_path / 'recipe.yaml'
+    config.write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        train_script.parse_args(['--config', str(config)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f'--config {config}: {message}' in err

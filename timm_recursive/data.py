@@ -202,8 +202,17 @@ def _pick(available: Sequence[str], requested: Optional[str], candidates: Sequen
     return found
 
 
-def load_dataset_dict(name: str):
-    """``(DatasetDict, source, notes)`` of ``digits``, a local path, or a Hub id / alias (see the module docstring)."""
+def load_dataset_dict(name):
+    """``(DatasetDict, source, notes)`` of ``digits``, a local path, a Hub id / alias (see the module docstring),
+    or a ``datasets.Dataset`` (its one split is ``train``) or ``DatasetDict`` already in memory."""
+    import datasets
+    if isinstance(name, datasets.DatasetDict):
+        return name, f'a DatasetDict of splits {list(name)}', []
+    if isinstance(name, datasets.Dataset):
+        return datasets.DatasetDict(train=name), f'a Dataset of {len(name)} rows', []
+    if not isinstance(name, str):
+        raise DatasetError(f'a dataset is a name, a path, a datasets.Dataset or a DatasetDict, '
+                           f'not {type(name).__name__}')
     if name == 'digits':
         return _load_digits(), "scikit-learn's bundled digits (stratified 75/25 split, seed 0)", []
     if os.path.exists(name):
@@ -213,7 +222,7 @@ def load_dataset_dict(name: str):
 
 
 def resolve_dataset(
-        name: str,
+        name,
         image_column: Optional[str] = None,
         label_column: Optional[str] = None,
         train_split: Optional[str] = None,
@@ -221,7 +230,8 @@ def resolve_dataset(
         num_classes: Optional[int] = None,
         holdout_eval_fraction: float = 0.,
 ) -> DatasetSplits:
-    """Resolve ``name`` (see the module docstring) to checked train/eval splits.
+    """Resolve ``name`` (see the module docstring; or a ``datasets.Dataset`` / ``DatasetDict``) to checked
+    train/eval splits.
 
     Columns and splits are detected (``img``/``image``, ``label``/``fine_label``; ``train`` and
     ``test``/``validation``) unless given. ``num_classes``, when given, must cover every label.
@@ -238,7 +248,7 @@ def resolve_dataset(
             raise DatasetError(f'{source} has only a {train!r} split: name an eval split, or hold out a fraction '
                                'of the train split as one (train.py --val-fraction)')
         dd = dict(zip((train, 'heldout'), hold_out(dd[train], holdout_eval_fraction, label)))
-        notes = [*notes, f'{name} has only a {train!r} split: {holdout_eval_fraction:g} of it (stratified, '
+        notes = [*notes, f'{source} has only a {train!r} split: {holdout_eval_fraction:g} of it (stratified, '
                          f'seed 0) is held out as the eval split']
     evaluation = _pick(list(dd), eval_split, ('test', 'validation', 'valid', 'val', 'heldout'), 'eval split')
     for split in (train, evaluation):

@@ -28,8 +28,8 @@ CITATION = f"""## Citation
   url = {{{PROJECT_URL}}}
 }}
 ```"""
-# Hub dataset ids of the names train.py accepts that are not datasets' own Hub ids (for the `datasets` metadata)
-DATASET_IDS = {'digits': 'scikit-learn/digits'}
+# names train.py accepts that are no Hub dataset: digits is this package's own split of scikit-learn's bundled data
+PACKAGE_DATASETS = ('digits',)
 # training arguments every card's recipe table shows when the run set them
 RECIPE_KEYS = ('epochs', 'batch_size', 'opt', 'lr', 'weight_decay', 'layer_decay', 'sched', 'warmup_epochs',
                'clip_grad', 'label_smoothing', 'mixup', 'cutmix', 'model_ema', 'mixed_precision', 'input_size',
@@ -70,11 +70,9 @@ def base_model_id(run: Dict) -> Optional[str]:
 
 
 def hub_dataset_id(dataset: str) -> Optional[str]:
-    """The Hub dataset id of a dataset argument of train.py; None for a local folder or file."""
+    """The Hub dataset id of a dataset argument of train.py; None for a local folder or file, or ``digits``."""
     from timm_recursive.data import DATASET_ALIASES
-    if dataset in DATASET_IDS:
-        return DATASET_IDS[dataset]
-    if os.path.exists(dataset) or os.path.isabs(dataset) or dataset.startswith('.'):
+    if dataset in PACKAGE_DATASETS or os.path.exists(dataset) or os.path.isabs(dataset) or dataset.startswith('.'):
         return None
     return DATASET_ALIASES.get(dataset, dataset)
 

@@ -1,4 +1,9 @@
-"""A training run as a folder the Hub and timm understand: weights, ``config.json``, model card."""
+"""A training run as a folder the Hub and timm understand: weights, ``config.json``, model card.
+
+A classification run (``timm-recursive-train``) publishes its best or last epoch with its family's
+card; a DINO run (``timm-recursive-train-dino``) publishes its teacher backbone, which it exports
+after every epoch, with the backbone card (``dino_card.py``).
+"""
 import json
 import os
 import shutil
@@ -10,15 +15,24 @@ from timm_recursive.models._pretrained import HUB_ORG
 from timm_recursive.train import CheckpointError, create_model_from_checkpoint, export_model, replace_dir
 
 from .cards import render_model_card
+from .dino_card import render_dino_card
 from .families import dataset_name
-from .runs import HubError, epoch_record, load_run
+from .runs import HubError, epoch_record, is_dino_run, load_run, run_folder
 
 __all__ = ['export_run']
 
 
 def _weights(run: Dict, which: str):
-    """(model, epoch, note) for the run's ``best`` export or its ``last`` epoch's training state."""
+    """(model, epoch, note) for the run's ``best`` export or its ``last`` epoch's training state; for a DINO
+    run, its exported teacher backbone (the last epoch's: DINO selects no epoch)."""
     summary = run['summary']
+    if is_dino_run(run):
+        if which == 'best':
+            raise HubError(f'{run["dir"]} is a DINO run: it selects no best epoch, its export is the last '
+                           'epoch\'s teacher (--weights last)')
+        epoch = summary['final']['epoch']
+        return (create_model_from_checkpoint(run['dir']), epoch,
+                f'These weights are the teacher backbone of the last epoch ({epoch} of {summary["epochs"]}).')
     if which == 'best':
         epoch = summary['best']['epoch']
         selection = summary.get('selection', 'eval split')
@@ -36,16 +50,19 @@ def _weights(run: Dict, which: str):
     raise HubError(f'weights must be "best" or "last", got {which!r}')
 
 
-def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weights: str = 'best',
+def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weights: Optional[str] = None,
                include_pickle: bool = False) -> str:
     """Write the Hub folder (weights, config.json, README.md) of a training run to ``out_dir``, atomically.
 
     ``model.safetensors`` holds the weights (``pytorch_model.bin`` only with ``include_pickle=True``);
     ``config.json`` timm's config (architecture, ``model_args``, ``num_classes``, ``label_names``,
     pretrained config with input size, mean and std); ``README.md`` the model card. ``repo_id``
-    defaults to ``HUB_ORG/<arch>.<run folder name>``.
+    defaults to ``HUB_ORG/<arch>.<run folder name>``. ``run_dir`` may be the run's exported ``model/``
+    folder; ``weights`` (``best`` or ``last``) defaults to ``best``, ``last`` for a DINO run.
     """
-    run = load_run(run_dir)
+    run = load_run(run_folder(run_dir))
+    run_dir = run['dir']
+    weights = weights or ('last' if is_dino_run(run) else 'best')
     try:
         model, epoch, note = _weights(run, weights)
     except CheckpointError as e:
@@ -55,9 +72,12 @@ def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weight
     repo_id = repo_id or f'{HUB_ORG}/{model.pretrained_cfg["architecture"]}.{run_name}'
     tmp = f'{out_dir}.tmp'
     shutil.rmtree(tmp, ignore_errors=True)
-    export_model(model, tmp, label_names=run['summary'].get('class_names'), pretrained_cfg={'tag': dataset_name(run)})
+    dino = is_dino_run(run)
+    export_model(model, tmp, label_names=run['summary'].get('class_names'),
+                 pretrained_cfg={'tag': f'dino_{dataset_name(run)}' if dino else dataset_name(run)})
     with open(os.path.join(tmp, 'config.json')) as f:
-        card = render_model_card(model, run, record, note, repo_id, json.load(f)['pretrained_cfg'])
+        cfg = json.load(f)['pretrained_cfg']
+    card = (render_dino_card if dino else render_model_card)(model, run, record, note, repo_id, cfg)
     if include_pickle:
         torch.save(model.state_dict(), os.path.join(tmp, 'pytorch_model.bin'))
     with open(os.path.join(tmp, 'README.md'), 'w') as f:

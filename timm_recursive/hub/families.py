@@ -167,7 +167,8 @@ FAMILIES: Dict[type, CardFamily] = {
     EntmaxVisionTransformer: CardFamily('vision_transformer.md', _entmax_context,
                                         lambda model: ['vision-transformer', 'entmax', 'sparse-attention']),
     TokenFusionVisionTransformer: CardFamily('vision_transformer.md', _token_fusion_context,
-                                             lambda model: ['vision-transformer', 'deit', 'token-fusion']),
+                                             lambda model: ['vision-transformer', 'deit', 'token-fusion'],
+                                             recipe_keys=('fusion_imp_weight', 'fusion_div_weight')),
 }
 
 

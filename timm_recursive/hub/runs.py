@@ -1,21 +1,37 @@
-"""What a training run of ``train_scripts/train.py`` recorded, as the Hub export reads it."""
+"""What a training run (``timm-recursive-train`` or ``-train-dino``) recorded, as the Hub export reads it."""
 import json
 import os
 from typing import Dict
 
-__all__ = ['HubError', 'load_run', 'epoch_record']
+__all__ = ['HubError', 'run_folder', 'load_run', 'is_dino_run', 'epoch_record']
 
 
 class HubError(RuntimeError):
     """An export or upload that failed, with what and why; local files are left in place."""
 
 
+def run_folder(path: str) -> str:
+    """The run folder of ``path``: ``path`` itself, or the run an exported ``model/`` folder belongs to."""
+    if not os.path.exists(path):
+        raise HubError(f'{path} does not exist')
+    parent = os.path.dirname(os.path.normpath(path)) or '.'
+    if os.path.isfile(os.path.join(path, 'config.json')) and not os.path.isfile(os.path.join(path, 'args.json')):
+        if not os.path.isfile(os.path.join(parent, 'args.json')):
+            raise HubError(f'{path} is an exported model without the training run that made it (args.json, '
+                           'summary.json and metrics.jsonl in its parent folder): a model card reports what the '
+                           'run recorded')
+        return parent
+    return path
+
+
 def load_run(run_dir: str) -> Dict:
     """What a training run recorded: ``args`` (args.json), ``summary`` and ``history`` (metrics.jsonl)."""
+    if not os.path.isdir(run_dir):
+        raise HubError(f'{run_dir} does not exist')
     paths = {name: os.path.join(run_dir, name) for name in ('args.json', 'summary.json', 'metrics.jsonl')}
     missing = [name for name, path in paths.items() if not os.path.isfile(path)]
     if missing:
-        raise HubError(f'{run_dir} is not a finished training run of train_scripts/train.py (missing {missing})')
+        raise HubError(f'{run_dir} is not a finished training run (missing {missing})')
     try:
         with open(paths['args.json']) as f:
             args = json.load(f)
@@ -26,6 +42,11 @@ def load_run(run_dir: str) -> Dict:
     except ValueError as e:
         raise HubError(f'{run_dir}: unreadable run record: {e}') from e
     return {'args': args, 'summary': summary, 'history': history, 'dir': run_dir}
+
+
+def is_dino_run(run: Dict) -> bool:
+    """Whether ``run`` is a DINO pretraining (``timm-recursive-train-dino``): a backbone, no accuracy measured."""
+    return 'momentum_teacher' in run['args']
 
 
 def epoch_record(run: Dict, epoch: int) -> Dict:

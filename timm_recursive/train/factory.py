@@ -1,13 +1,43 @@
 """Models from a registered name, a checkpoint of any kind, or the command-line arguments naming either."""
+import argparse
+import difflib
 import json
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
+import torch
+from timm.utils import ParseKwargs
 from torch import nn
 
 from .checkpoint import CheckpointError, load_weights
 
-__all__ = ['create_classifier', 'create_model_from_checkpoint', 'add_model_arguments', 'model_from_arguments']
+__all__ = [
+    'ModelKwargs', 'create_classifier', 'create_model_from_checkpoint', 'check_input_size', 'add_model_arguments',
+    'model_from_arguments',
+]
+
+
+class ModelKwargs(ParseKwargs):
+    """timm's ``ParseKwargs`` (``key=value`` words, values read as Python literals) that refuses a word
+    that is not one ``key=value`` pair with a usage error, rather than a traceback."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for word in values:
+            key, sep, value = word.partition('=')
+            if not key or not sep or '=' in value:
+                raise argparse.ArgumentError(self, f'expected key=value words, got {word!r}')
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _create_model(model_name: str, **kwargs) -> nn.Module:
+    """``timm.create_model``, an argument the architecture refuses (unknown, out of range) a ``CheckpointError``."""
+    import timm
+    try:
+        return timm.create_model(model_name, **kwargs)
+    except OSError:  # weights that cannot be fetched or read (some are ValueErrors too): the callers report those
+        raise
+    except (TypeError, ValueError) as e:  # the model's own checks of its arguments
+        raise CheckpointError(f'cannot build {model_name}: {type(e).__name__}: {e} (check --model-kwargs)') from e
 
 
 def create_model_from_checkpoint(checkpoint: str, model_name: Optional[str] = None, **kwargs) -> nn.Module:
@@ -19,6 +49,8 @@ def create_model_from_checkpoint(checkpoint: str, model_name: Optional[str] = No
       ``args.json`` two levels up) gives the architecture, then the weights load strictly.
     """
     import timm
+    if not os.path.exists(checkpoint):
+        raise CheckpointError(f'checkpoint {checkpoint} does not exist')
     if os.path.isdir(checkpoint) and os.path.isfile(os.path.join(checkpoint, 'model', 'config.json')):
         checkpoint = os.path.join(checkpoint, 'model')
     if os.path.isdir(checkpoint) and os.path.isfile(os.path.join(checkpoint, 'config.json')):
@@ -38,7 +70,7 @@ def create_model_from_checkpoint(checkpoint: str, model_name: Optional[str] = No
                       'in_chans': recorded['in_chans'], **kwargs}
     if model_name is None:
         raise CheckpointError(f'{checkpoint} does not say which architecture it holds: pass the model name')
-    return load_weights(timm.create_model(model_name, **kwargs), weights)
+    return load_weights(_create_model(model_name, **kwargs), weights)
 
 
 def create_classifier(model_name: str, num_classes: int, pretrained: bool = False, in_chans: Optional[int] = None,
@@ -51,13 +83,14 @@ def create_classifier(model_name: str, num_classes: int, pretrained: bool = Fals
     """
     import timm
     if not timm.is_model(model_name.split('.')[0]) and not model_name.startswith(('hf-hub:', 'local-dir:')):
-        raise CheckpointError(f'unknown model {model_name!r} (is timm_recursive imported? see timm.list_models())')
+        close = difflib.get_close_matches(model_name.split('.')[0], timm.list_models(), n=3)
+        hint = f'did you mean {", ".join(close)}?' if close else 'see timm.list_models()'
+        raise CheckpointError(f'unknown model {model_name!r} ({hint})')
     cfg = timm.models.get_pretrained_cfg(model_name)
     if in_chans is None:
         in_chans = cfg.input_size[0] if cfg is not None and cfg.input_size else 3
     try:
-        return timm.create_model(model_name, pretrained=pretrained, num_classes=num_classes, in_chans=in_chans,
-                                 **kwargs)
+        return _create_model(model_name, pretrained=pretrained, num_classes=num_classes, in_chans=in_chans, **kwargs)
     except (OSError, RuntimeError) as e:  # hub errors are OSErrors; mismatched weights RuntimeErrors
         if not pretrained:
             raise
@@ -66,13 +99,28 @@ def create_classifier(model_name: str, num_classes: int, pretrained: bool = Fals
                               f'{type(e).__name__}: {str(e).splitlines()[0]}') from e
 
 
+def check_input_size(model: nn.Module, input_size: Sequence[int]) -> None:
+    """Run one image of ``input_size`` (C, H, W) through ``model`` (eval mode, no gradient), so that an input
+    the architecture cannot take (too small for its downsampling, not a multiple of its patch) is a
+    ``CheckpointError`` naming the size before a run writes anything, not a failure after data loading."""
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(1, *input_size))
+    except (RuntimeError, ValueError, AssertionError) as e:
+        size = 'x'.join(str(s) for s in input_size)
+        raise CheckpointError(f'{model.pretrained_cfg.get("architecture", type(model).__name__)} cannot take '
+                              f'{size} input: {str(e).splitlines()[0]}') from e
+    finally:
+        model.train(was_training)
+
+
 def add_model_arguments(parser) -> None:
     """The command-line arguments that choose a model to evaluate or inspect (see ``model_from_arguments``)."""
-    from timm.utils import ParseKwargs
     parser.add_argument('--model', default=None, help='registered model name (with --pretrained, or for a weights file)')
     parser.add_argument('--pretrained', action='store_true')
     parser.add_argument('--checkpoint', default=None, help='exported folder, run folder, state folder or weights file')
-    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
+    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs)
 
 
 def model_from_arguments(args, num_classes: int) -> nn.Module:

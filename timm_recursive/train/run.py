@@ -33,7 +33,7 @@ from .files import append_json_line, write_json_atomic
 
 __all__ = [
     'SeededSamples', 'StopRequest', 'EpochMeter', 'RunLoop', 'step_seed', 'run_dir_for', 'add_run_arguments',
-    'describe_hardware',
+    'describe_hardware', 'positive_int', 'non_negative_int', 'non_negative_float', 'parse_args_with_config',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -150,21 +150,90 @@ class EpochMeter:
         return self.images / (self.train_time if self.train_time is not None else time.perf_counter() - self.start)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f'must be at least 1, got {value}')
+def _at_least(text: str, kind: type, low):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not {"an integer" if kind is int else "a number"}') from None
+    if not value >= low:  # also refuses nan
+        raise argparse.ArgumentTypeError(f'must be at least {low:g}, got {text}')
     return value
 
 
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer of at least 1 (a batch size, an image size, a count of epochs)."""
+    return _at_least(text, int, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An ``argparse`` type: an integer of at least 0 (data loader workers)."""
+    return _at_least(text, int, 0)
+
+
+def non_negative_float(text: str) -> float:
+    """An ``argparse`` type: a number of at least 0 (a learning rate, a weight decay, a loss weight)."""
+    return _at_least(text, float, 0.)
+
+
+def parse_args_with_config(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """timm's two-stage parse: ``-c/--config FILE``, a YAML mapping of option names (``batch-size`` or
+    ``batch_size``) to values, sets ``parser``'s defaults, then the command line is parsed over them (it wins).
+
+    Each value goes through its option's type and choices, so a bad one is a usage error naming the file.
+    """
+    import yaml
+    config_parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    config_parser.add_argument('-c', '--config', default=None)
+    path = config_parser.parse_known_args(argv)[0].config
+    if path is None:
+        return parser.parse_args(argv)
+    try:
+        with open(path) as f:
+            values = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as e:
+        parser.error(f'--config {path}: {e}'.splitlines()[0])
+    if not isinstance(values, dict):
+        parser.error(f'--config {path}: expected a mapping of option names to values')
+    # an option by its dest or any of its names (seed for --seeds/--seed, b for -b/--batch-size)
+    actions = {name.lstrip('-').replace('-', '_'): action for action in parser._actions
+               for name in (action.dest, *action.option_strings) if action.dest not in ('help', 'config')}
+    defaults = {}
+    for key, value in values.items():
+        action = actions.get(str(key).lstrip('-').replace('-', '_'))
+        if action is None:
+            parser.error(f'--config {path}: unknown option {key!r}')
+        if isinstance(action.default, dict) and not isinstance(value, dict):
+            parser.error(f'--config {path}: {key}: expected a mapping (e.g. {{num_steps: 8}}), got {value!r}')
+        if isinstance(action.default, dict) or action.nargs == 0:  # --model-kwargs mapping, on/off flags
+            defaults[action.dest] = value
+            continue
+        items = value if isinstance(value, list) else [value]
+        checked = []
+        for item in items:
+            try:
+                checked.append(action.type(str(item)) if action.type is not None else item)
+            except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
+                parser.error(f'--config {path}: {key}: {e}')
+            if action.choices is not None and checked[-1] not in action.choices:
+                parser.error(f'--config {path}: {key}: {item!r} is not one of {", ".join(map(str, action.choices))}')
+        if isinstance(action.nargs, int) and len(checked) != action.nargs:
+            parser.error(f'--config {path}: {key}: expected {action.nargs} values, got {value!r}')
+        defaults[action.dest] = checked if action.nargs not in (None, '?') else checked[0]
+    parser.set_defaults(**defaults)
+    return parser.parse_args(argv)
+
+
 def add_run_arguments(group, default_output: str) -> None:
-    """The run-folder options every trainer shares: ``--output``, ``--resume``, ``--keep-states``, ``--no-progress``."""
+    """The run-folder options every trainer shares: ``-c/--config``, ``--output``, ``--resume``, ``--keep-states``,
+    ``--no-progress`` (parse with ``parse_args_with_config``)."""
+    group.add_argument('-c', '--config', default=None, metavar='FILE',
+                       help='YAML file of option defaults (e.g. batch-size: 64); the command line wins')
     group.add_argument('--output', default=default_output,
                        help='run folder; when it holds a previous run (and no --resume), the next free '
                             'OUTPUT-1, OUTPUT-2, ... is used instead')
     group.add_argument('--resume', nargs='?', const='auto', default=None,
                        help='continue from the newest state in the run folder, or from the given state folder')
-    group.add_argument('--keep-states', type=_positive_int, default=2,
+    group.add_argument('--keep-states', type=positive_int, default=2,
                        help='training states of this run kept in checkpoints/ (at least 1)')
     group.add_argument('--no-progress', action='store_true', help='no progress bars')
 

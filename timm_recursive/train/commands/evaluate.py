@@ -22,6 +22,7 @@ from timm_recursive.train.evaluate import collate_classification, evaluate_steps
 from timm_recursive.train.factory import add_model_arguments, model_from_arguments
 from timm_recursive.train.files import write_json_atomic
 from timm_recursive.train.losses import StepOutputs
+from timm_recursive.train.run import non_negative_int, positive_int
 
 
 def parse_args(argv=None):
@@ -32,11 +33,12 @@ def parse_args(argv=None):
     p.add_argument('--split', default=None, help='split to evaluate (default: test/validation)')
     p.add_argument('--image-column', default=None)
     p.add_argument('--label-column', default=None)
-    p.add_argument('--max-eval-samples', type=int, default=None, help='use only the first N images')
-    p.add_argument('--batch-size', type=int, default=256)
-    p.add_argument('--workers', type=int, default=0)
+    p.add_argument('--max-eval-samples', type=positive_int, default=None, help='use only the first N images')
+    p.add_argument('-b', '--batch-size', type=positive_int, default=256)
+    p.add_argument('-j', '--workers', type=non_negative_int, default=0, help='data loader worker processes')
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--json', default=None, help='also write the results to this JSON file')
+    p.add_argument('--results-file', '--json', dest='results_file', default=None,
+                   help='also write the results to this JSON file (timm validate.py\'s name; --json is the old one)')
     args = p.parse_args(argv)
     if args.model is None and args.checkpoint is None:
         p.error('give --model (with --pretrained) and/or --checkpoint')
@@ -69,9 +71,9 @@ def main(argv=None) -> int:
     result = evaluate_steps(StepOutputs(model), loader, progress=True, device=args.device)
     print(f'{args.checkpoint or args.model} on {args.dataset} ({splits.source}):')
     print(format_results(result))
-    if args.json:
-        write_json_atomic(args.json, {'model': args.model, 'checkpoint': args.checkpoint, 'dataset': args.dataset,
-                                      **result})
+    if args.results_file:
+        write_json_atomic(args.results_file, {'model': args.model, 'checkpoint': args.checkpoint,
+                                              'dataset': args.dataset, **result})
     return 0
 
 

@@ -13,7 +13,7 @@ The backbone is ``--checkpoint`` (an exported folder such as ``train_dino.py``'s
 state folder) or ``--model`` (with ``--pretrained``); it is built with ``num_classes=0`` and stays frozen.
 Segmentation datasets: a Hub id or local folder with an image column and a per-pixel mask column
 (``mask``, ``annotation`` as in ADE20K, ...); masks and images are resized to ``--img-size`` (nearest
-for masks) and mIoU is computed at that resolution. The result is printed and written to ``--output``.
+for masks) and mIoU is computed at that resolution. The result is printed and written to ``--results-file``.
 """
 import argparse
 import json
@@ -33,32 +33,35 @@ from timm_recursive.probing import (
     classification_features, compose_canvases, dense_features, dense_probe, extract_features, linear_probe)
 from timm_recursive.train.checkpoint import CheckpointError
 from timm_recursive.train.evaluate import collate_classification
-from timm_recursive.train.factory import create_classifier, create_model_from_checkpoint
+from timm_recursive.train.factory import ModelKwargs, create_classifier, create_model_from_checkpoint
 from timm_recursive.train.files import replace_dir, write_json_atomic
+from timm_recursive.train.run import non_negative_float, non_negative_int, positive_int
 
 
 def add_probe_arguments(p) -> None:
-    from timm.utils import ParseKwargs
     g = p.add_argument_group('backbone')
     g.add_argument('--checkpoint', default=None, help='exported folder, run folder, state folder or weights file')
     g.add_argument('--model', default=None, help='registered model name (with --pretrained, or for a weights file)')
     g.add_argument('--pretrained', action='store_true')
-    g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
+    g.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs)
     g = p.add_argument_group('data')
     g.add_argument('--dataset', required=True, help='a Hub id or alias, or a local folder')
     g.add_argument('--image-column', default=None)
     g.add_argument('--train-split', default=None)
     g.add_argument('--eval-split', default=None)
-    g.add_argument('--max-train-samples', type=int, default=None)
-    g.add_argument('--max-eval-samples', type=int, default=None)
-    g.add_argument('--batch-size', type=int, default=128, help='feature extraction batch')
+    g.add_argument('--max-train-samples', type=positive_int, default=None)
+    g.add_argument('--max-eval-samples', type=positive_int, default=None)
+    g.add_argument('-b', '--batch-size', type=positive_int, default=128, help='feature extraction batch')
+    g.add_argument('-j', '--workers', type=non_negative_int, default=0, help='data loader worker processes')
     g = p.add_argument_group('probe training (on cached features)')
-    g.add_argument('--epochs', type=int, default=100)
-    g.add_argument('--lr', type=float, default=1e-3)
-    g.add_argument('--weight-decay', type=float, default=0.)
-    g.add_argument('--probe-batch-size', type=int, default=256)
+    g.add_argument('--epochs', type=positive_int, default=100)
+    g.add_argument('--lr', type=non_negative_float, default=1e-3)
+    g.add_argument('--weight-decay', type=non_negative_float, default=0.)
+    g.add_argument('--probe-batch-size', type=positive_int, default=256)
     g.add_argument('--seed', type=int, default=0)
-    g.add_argument('--output', default=None, help='JSON file of the result')
+    g.add_argument('--results-file', '--output', dest='results_file', default=None,
+                   help='JSON file of the result (timm validate.py\'s name; --output, the old one, names '
+                        'folders in the other commands)')
     g.add_argument('--no-progress', action='store_true')
 
 
@@ -80,7 +83,8 @@ def parse_args(argv=None):
     segment.add_argument('--ignore-index', type=int, default=255, help='label excluded from training and mIoU')
     segment.add_argument('--reduce-zero-label', action='store_true',
                          help='ADE20K convention: label 0 is "other" (ignored), the rest shift down by one')
-    segment.add_argument('--img-size', type=int, default=None, help='square probe resolution (default: the model\'s)')
+    segment.add_argument('--img-size', type=positive_int, default=None,
+                         help='square probe resolution (default: the model\'s)')
     segment.add_argument('--with-cls', action='store_true', help='concatenate the [CLS] token to every patch feature')
     compose = sub.add_parser('compose', allow_abbrev=False, help='segmentation canvases from a classification dataset')
     compose.add_argument('--dataset', required=True)
@@ -124,7 +128,7 @@ def run_linear(args, model) -> dict:
     cached = {}
     for name, split, limit in (('train', splits.train, args.max_train_samples), ('eval', splits.eval, args.max_eval_samples)):
         loader = DataLoader(_limit(split, limit).with_transform(transform), batch_size=args.batch_size,
-                            collate_fn=collate_classification)
+                            collate_fn=collate_classification, num_workers=args.workers)
         cached[name] = extract_features(features, loader, 'label', progress=not args.no_progress, desc=name)
     result = linear_probe(*cached['train'], *cached['eval'], splits.num_classes, **_fit_kwargs(args))
     return {**result, 'n_last_blocks': args.n_last_blocks, 'avgpool_patches': args.avgpool_patches,
@@ -172,7 +176,7 @@ def run_segment(args, model) -> dict:
     cached = {}
     for name, split, limit in (('train', splits.train, args.max_train_samples), ('eval', splits.eval, args.max_eval_samples)):
         loader = DataLoader(_limit(split, limit).with_transform(transform), batch_size=args.batch_size,
-                            collate_fn=collate_segmentation)
+                            collate_fn=collate_segmentation, num_workers=args.workers)
         # half precision halves the memory of the cached patch grids; the probe computes in fp32
         feats, masks = extract_features(features, loader, 'mask', dtype=torch.float16, progress=not args.no_progress,
                                         desc=name)
@@ -232,9 +236,9 @@ def main(argv=None) -> int:
         return 2
     result['wall_time_s'] = time.perf_counter() - start
     print(json.dumps({k: v for k, v in result.items() if k != 'per_class_iou'}, indent=2))
-    if getattr(args, 'output', None):
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        write_json_atomic(args.output, result)
+    if getattr(args, 'results_file', None):
+        os.makedirs(os.path.dirname(os.path.abspath(args.results_file)), exist_ok=True)
+        write_json_atomic(args.results_file, result)
     return 0
 
 

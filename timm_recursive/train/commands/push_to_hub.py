@@ -2,12 +2,14 @@
 
     timm-recursive-push-to-hub runs/digits --repo-id me/recursive-digits --dry-run
     timm-recursive-push-to-hub runs/fm_dsa_moe --repo-id me/fm-dsa-moe --weights last
+    timm-recursive-push-to-hub runs/dino_fm/model --repo-id me/dino-fm   (a run's model/ folder: that run)
 
 ``--dry-run`` writes the folder only (default ``<run>/hub``). Otherwise the folder is uploaded with
 ``huggingface_hub`` to ``--repo-id`` (created if needed; token from ``--token``, ``HF_TOKEN`` or
 ``huggingface-cli login``). ``--weights best`` publishes the run's exported best epoch,
 ``--weights last`` its last epoch (no model selection at all); the card reports the figures the run
-measured for those weights.
+measured for those weights. A ``timm-recursive-train-dino`` run publishes its teacher backbone (the
+last epoch's) with a backbone card.
 """
 import argparse
 import os
@@ -15,23 +17,25 @@ import sys
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.hub import HUB_ORG, HubError, export_run, push_to_hub
+from timm_recursive.hub.runs import run_folder
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                 allow_abbrev=False)
-    p.add_argument('run', help='training run folder written by train_scripts/train.py')
+    p.add_argument('run', help='run folder of timm-recursive-train or -train-dino, or its exported model/ folder')
     p.add_argument('--repo-id', default=None, help=f'Hub model repo, e.g. user/name (default: {HUB_ORG}/<arch>.<run>)')
     p.add_argument('--out', default=None, help='export folder (default: <run>/hub)')
-    p.add_argument('--weights', choices=('best', 'last'), default='best')
+    p.add_argument('--weights', choices=('best', 'last'), default=None,
+                   help='default: best (a DINO run: last, its exported teacher)')
     p.add_argument('--include-pickle', action='store_true', help='also write pytorch_model.bin (pickle)')
     p.add_argument('--dry-run', action='store_true', help='write the folder, do not upload')
     p.add_argument('--private', action='store_true')
     p.add_argument('--token', default=None)
     p.add_argument('--revision', default=None, help='branch to upload to')
     args = p.parse_args(argv)
-    out = args.out or os.path.join(args.run, 'hub')
     try:
+        out = args.out or os.path.join(run_folder(args.run), 'hub')
         export_run(args.run, out, repo_id=args.repo_id, weights=args.weights, include_pickle=args.include_pickle)
         print(f'wrote {out}: ' + ', '.join(sorted(os.listdir(out))))
         if args.dry_run:

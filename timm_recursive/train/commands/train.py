@@ -17,10 +17,13 @@ SIGINT/SIGTERM, the model and its EMA as timm-named ``model.safetensors``/``mode
 previous run is never overwritten: without ``--resume`` the run goes to ``OUTPUT-1`` (then ``-2``, ...).
 The run loop is ``timm_recursive.train.run.RunLoop``, shared with ``timm-recursive-train-dino``.
 
-timm's own ``train.py`` names are accepted where they mean the same (``-b``, ``-j``, ``--amp``,
-``--img-size``/``--input-size``, ``--drop``, ``--layer-decay``, ``--channels-last``,
-``--grad-checkpointing``, ``--torchcompile``, ``--seed``, ``--log-wandb``); abbreviations of option
-names are refused rather than guessed (``--drop`` is not ``--drop-path``).
+timm's own ``train.py`` names are accepted where they mean the same (``-c/--config`` YAML defaults,
+``-b``, ``-j``, ``--amp``, ``--img-size``/``--input-size``, ``--drop``, ``--layer-decay``,
+``--channels-last``, ``--grad-checkpointing``, ``--torchcompile``, ``--seed``, ``--log-wandb``); the
+trackers' project is ``--log-project`` (timm's ``--experiment`` names an output sub-folder instead).
+Abbreviations of option names are refused rather than guessed (``--drop`` is not ``--drop-path``), and
+bad input (a value out of range, a ``--model-kwargs`` the model refuses, an image size it cannot take,
+an uninstalled tracker) is one ``error:`` line and exit status 2 before the run folder is created.
 """
 import argparse
 import json
@@ -37,18 +40,21 @@ from torch.utils.data import DataLoader
 from timm.data import Mixup
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
-from timm.utils import ModelEmaV3, ParseKwargs
+from timm.utils import ModelEmaV3
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.data import DatasetError, create_dataset_transform, hold_out, resolve_dataset
+from timm_recursive.data import (
+    DatasetError, create_dataset_transform, hold_out, resolve_dataset, resolve_model_data_config)
 from timm_recursive.layers import TokenFusionObjective
 from timm_recursive.train.checkpoint import CheckpointError, store_weights_as_timm
 from timm_recursive.train.evaluate import collate_classification, evaluate_steps
 from timm_recursive.train.export import export_model
-from timm_recursive.train.factory import create_classifier
+from timm_recursive.train.factory import ModelKwargs, check_input_size, create_classifier
 from timm_recursive.train.files import write_json_atomic
 from timm_recursive.train.losses import STEP_WEIGHTINGS, StepOutputs, deep_supervision_loss, step_weights
-from timm_recursive.train.run import RunLoop, SeededSamples, add_run_arguments, describe_hardware, run_dir_for
+from timm_recursive.train.run import (
+    RunLoop, SeededSamples, add_run_arguments, describe_hardware, non_negative_float, non_negative_int,
+    parse_args_with_config, positive_int, run_dir_for)
 
 _logger = logging.getLogger('train')
 
@@ -56,6 +62,15 @@ _logger = logging.getLogger('train')
 RESUME_KEYS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'input_size', 'dataset', 'batch_size',
                'grad_accum_steps', 'opt', 'model_ema', 'seed')
 AMP_DTYPES = {'float16': 'fp16', 'bfloat16': 'bf16'}
+# timm's schedulers that step every update; plateau steps on an eval metric once per epoch
+SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'constant', 'wsd', 'rsqrt')
+
+
+def missing_trackers(names) -> list:
+    """The trackers of ``--log-with`` (``all`` aside) whose package is not installed."""
+    from accelerate.tracking import get_available_trackers
+    available = {str(tracker) for tracker in get_available_trackers()}
+    return [name for name in names if name != 'all' and name not in available]
 
 
 def parse_args(argv=None):
@@ -65,13 +80,15 @@ def parse_args(argv=None):
     g = p.add_argument_group('model')
     g.add_argument('--model', default='recursive_dsa_moe_tiny', help='registered model name, optionally with a .tag')
     g.add_argument('--pretrained', action='store_true', help='start from the pretrained weights of --model')
-    g.add_argument('--num-classes', type=int, default=None, help='classes (default: the dataset\'s)')
-    g.add_argument('--in-chans', type=int, default=None, help='input channels (default: the pretrained config\'s)')
-    g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs, help='e.g. num_steps=8 topk=6')
-    g.add_argument('--drop', type=float, default=None, help='dropout rate (timm\'s drop_rate)')
-    g.add_argument('--drop-path', type=float, default=None, help='stochastic depth rate')
-    g.add_argument('--img-size', type=int, default=None, help='input image size (default: the pretrained config\'s)')
-    g.add_argument('--input-size', type=int, nargs=3, default=None, metavar=('C', 'H', 'W'),
+    g.add_argument('--num-classes', type=positive_int, default=None, help='classes (default: the dataset\'s)')
+    g.add_argument('--in-chans', type=positive_int, default=None,
+                   help='input channels (default: the pretrained config\'s)')
+    g.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs, help='e.g. num_steps=8 topk=6')
+    g.add_argument('--drop', type=non_negative_float, default=None, help='dropout rate (timm\'s drop_rate)')
+    g.add_argument('--drop-path', type=non_negative_float, default=None, help='stochastic depth rate')
+    g.add_argument('--img-size', type=positive_int, default=None,
+                   help='input image size (default: the pretrained config\'s)')
+    g.add_argument('--input-size', type=positive_int, nargs=3, default=None, metavar=('C', 'H', 'W'),
                    help='input channels, height and width (default: the pretrained config\'s); a ViT is built '
                         'for that size (pretrained position embeddings are resampled)')
     g.add_argument('--grad-checkpointing', action='store_true', help='recompute activations in the backward')
@@ -89,48 +106,50 @@ def parse_args(argv=None):
     g.add_argument('--val-fraction', type=float, default=0.,
                    help='hold out this fraction of the train split (stratified) to select the best model; '
                         'with 0 the best model is selected on the eval split')
-    g.add_argument('--max-train-samples', type=int, default=None, help='use only the first N training images')
-    g.add_argument('--max-eval-samples', type=int, default=None, help='use only the first N eval images')
-    g.add_argument('-j', '--workers', type=int, default=0, help='data loader worker processes')
+    g.add_argument('--max-train-samples', type=positive_int, default=None, help='use only the first N training images')
+    g.add_argument('--max-eval-samples', type=positive_int, default=None, help='use only the first N eval images')
+    g.add_argument('-j', '--workers', type=non_negative_int, default=0, help='data loader worker processes')
     g.add_argument('--scale', type=float, nargs=2, default=(0.08, 1.0), help='RandomResizedCrop scale range')
     g.add_argument('--ratio', type=float, nargs=2, default=(3. / 4., 4. / 3.), help='RandomResizedCrop aspect range')
     g.add_argument('--hflip', type=float, default=0.5, help='horizontal flip probability')
     g.add_argument('--no-aug', action='store_true', help='no training augmentation (eval transform)')
     g = p.add_argument_group('optimisation')
-    g.add_argument('--epochs', type=int, default=20)
-    g.add_argument('-b', '--batch-size', type=int, default=128, help='per process, per accumulation step')
-    g.add_argument('--eval-batch-size', type=int, default=256)
-    g.add_argument('--grad-accum-steps', type=int, default=1)
+    g.add_argument('--epochs', type=positive_int, default=20)
+    g.add_argument('-b', '--batch-size', type=positive_int, default=128, help='per process, per accumulation step')
+    g.add_argument('--eval-batch-size', type=positive_int, default=256)
+    g.add_argument('--grad-accum-steps', type=positive_int, default=1)
     g.add_argument('--opt', default='adamw')
-    g.add_argument('--lr', type=float, default=1e-3)
-    g.add_argument('--weight-decay', type=float, default=0.05)
+    g.add_argument('--lr', type=non_negative_float, default=1e-3)
+    g.add_argument('--weight-decay', type=non_negative_float, default=0.05)
     g.add_argument('--layer-decay', type=float, default=None,
                    help='layer-wise learning-rate decay (timm\'s, through the model\'s group_matcher)')
-    g.add_argument('--clip-grad', type=float, default=1.0,
+    g.add_argument('--clip-grad', type=non_negative_float, default=1.0,
                    help='clip the gradient norm to this value (0: off); the recursion shares weights over '
                         'every step, and unclipped Adam updates diverged on FashionMNIST at epoch 3')
-    g.add_argument('--sched', default='cosine')
-    g.add_argument('--warmup-epochs', type=int, default=1)
-    g.add_argument('--warmup-lr', type=float, default=1e-5)
-    g.add_argument('--min-lr', type=float, default=1e-5)
-    g.add_argument('--label-smoothing', type=float, default=0.1)
-    g.add_argument('--mixup', type=float, default=0., help='Mixup alpha (0: off)')
-    g.add_argument('--cutmix', type=float, default=0., help='CutMix alpha (0: off)')
+    g.add_argument('--sched', default='cosine', choices=SCHEDULERS,
+                   help='timm scheduler, stepped every update (plateau, which steps on an epoch metric, is not one)')
+    g.add_argument('--warmup-epochs', type=non_negative_int, default=1)
+    g.add_argument('--warmup-lr', type=non_negative_float, default=1e-5)
+    g.add_argument('--min-lr', type=non_negative_float, default=1e-5)
+    g.add_argument('--label-smoothing', type=non_negative_float, default=0.1)
+    g.add_argument('--mixup', type=non_negative_float, default=0., help='Mixup alpha (0: off)')
+    g.add_argument('--cutmix', type=non_negative_float, default=0., help='CutMix alpha (0: off)')
     g.add_argument('--mixup-prob', type=float, default=1.0)
     g.add_argument('--model-ema', action='store_true', help='keep an EMA of the weights (timm ModelEmaV3); '
                    'it is evaluated and exported instead of the raw weights')
     g.add_argument('--model-ema-decay', type=float, default=0.999)
     g.add_argument('--step-weighting', default='uniform', choices=STEP_WEIGHTINGS,
                    help='weights of the per-step losses (recursive models)')
-    g.add_argument('--aux-loss-coef', type=float, default=0.01, help='coefficient of the MoE auxiliary loss')
+    g.add_argument('--aux-loss-coef', type=non_negative_float, default=0.01,
+                   help='coefficient of the MoE auxiliary loss')
     g.add_argument('--mixed-precision', default=None, choices=('no', 'bf16', 'fp16'), help='default: no')
     g.add_argument('--amp', action='store_true', help='mixed precision in --amp-dtype (timm\'s name)')
     g.add_argument('--amp-dtype', default='float16', choices=tuple(AMP_DTYPES))
     g = p.add_argument_group('token fusion objective', 'models with TokenFusion layers (*_tokenfuse): the loss '
                              'becomes CE + alpha L_imp + beta L_div (timm_recursive.layers.TokenFusionObjective)')
-    g.add_argument('--fusion-imp-weight', type=float, default=0.,
+    g.add_argument('--fusion-imp-weight', type=non_negative_float, default=0.,
                    help='alpha: weight of L_imp, the [CLS] attention mass outside the kept tokens')
-    g.add_argument('--fusion-div-weight', type=float, default=0.,
+    g.add_argument('--fusion-div-weight', type=non_negative_float, default=0.,
                    help='beta: weight of L_div, the fused tokens\' within-cluster over total dispersion')
     g = p.add_argument_group('run')
     g.add_argument('--seeds', '--seed', dest='seeds', type=int, nargs='+', default=[0],
@@ -139,10 +158,9 @@ def parse_args(argv=None):
     g.add_argument('--log-with', nargs='+', default=None, metavar='TRACKER',
                    help='Accelerate experiment trackers to log every epoch to (e.g. wandb, tensorboard, mlflow, all)')
     g.add_argument('--log-wandb', action='store_true', help='timm\'s name for --log-with wandb')
-    g.add_argument('--experiment', default='timm-recursive', help='tracker project name')
-    args = p.parse_args(argv)
-    if args.epochs < 1:
-        p.error(f'--epochs must be at least 1, got {args.epochs}')
+    g.add_argument('--log-project', default='timm-recursive',
+                   help='project name the trackers log to (timm\'s --experiment names an output sub-folder instead)')
+    args = parse_args_with_config(p, argv)
     if args.amp:
         if args.mixed_precision not in (None, AMP_DTYPES[args.amp_dtype]):
             p.error(f'--amp --amp-dtype {args.amp_dtype} contradicts --mixed-precision {args.mixed_precision}')
@@ -152,6 +170,9 @@ def parse_args(argv=None):
         p.error('give --img-size or --input-size, not both')
     if args.log_wandb:
         args.log_with = list(dict.fromkeys([*(args.log_with or []), 'wandb']))
+    missing = missing_trackers(args.log_with or [])
+    if missing:
+        p.error(f'tracker {", ".join(missing)} is not installed (Accelerate would skip it silently)')
     if args.val_fraction < 0 or args.val_fraction >= 1:
         p.error(f'--val-fraction must be in [0, 1), got {args.val_fraction}')
     if args.resume not in (None, 'auto') and len(args.seeds) > 1:
@@ -198,6 +219,7 @@ def create_model(args, num_classes: int):
     in_chans = int(model.pretrained_cfg.get('input_size', (3,))[0]) if in_chans is None else in_chans
     if override is not None:
         model.pretrained_cfg = {**model.pretrained_cfg, 'input_size': (in_chans, *override[1])}
+    check_input_size(model, resolve_model_data_config(model)['input_size'])  # the size the transforms give
     if args.grad_checkpointing:
         model.set_grad_checkpointing(True)
     return model, in_chans
@@ -285,7 +307,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
         try:
             fusion_objective = TokenFusionObjective(model, args.fusion_imp_weight, args.fusion_div_weight)
         except ValueError as e:
-            raise SystemExit(f'error: --fusion-imp-weight/--fusion-div-weight: {e}')
+            raise CheckpointError(f'--fusion-imp-weight/--fusion-div-weight: {e}') from e
     net = StepOutputs(model)
     if args.torchcompile:
         net.compile(backend=args.torchcompile)  # in place: state dict keys (and saved states) unchanged
@@ -314,7 +336,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
 
     best = loop.resume().get('best')
     if args.log_with:
-        accelerator.init_trackers(args.experiment, config=tracker_values(run_config))
+        accelerator.init_trackers(args.log_project, config=tracker_values(run_config))
 
     def train_step(batch, epoch: int, step: int):
         x, target = batch['pixel_values'], batch['label']

@@ -12,7 +12,8 @@ weight decay 0.04 -> 0.4 (cosine), prototype layer frozen for the first epoch, d
 64 per process. ``--preset cpu28`` is a recipe for 28 px grayscale images on 2 CPU cores: a ViT of
 width 192, depth 4, patch 4; 2 x 28 px global and 4 x 12 px local crops; 1024 prototypes.
 
-Registers: ``--model-kwargs reg_tokens=4``. The model is built with ``num_classes=0`` (its output is the
+``-c/--config FILE`` (YAML, keys are option names) sets values over the preset's; the command line
+wins over both. Registers: ``--model-kwargs reg_tokens=4``. The model is built with ``num_classes=0`` (its output is the
 [CLS] feature) and ``dynamic_img_size=True`` (local crops interpolate the position embedding).
 
 A run folder holds ``args.json``, ``metrics.jsonl`` (one JSON object per epoch: loss, teacher entropy,
@@ -32,7 +33,7 @@ import sys
 import torch
 from torch.utils.data import DataLoader
 from timm.optim import create_optimizer_v2
-from timm.utils import ModelEmaV3, ParseKwargs
+from timm.utils import ModelEmaV3
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.data import DatasetError, image_mode, resolve_dataset, resolve_model_data_config, to_pil
@@ -41,8 +42,10 @@ from timm_recursive.dino import (
     cosine_schedule, teacher_statistics, teacher_temperatures)
 from timm_recursive.train.checkpoint import CheckpointError, store_weights_as_timm
 from timm_recursive.train.export import export_model
-from timm_recursive.train.factory import create_classifier
-from timm_recursive.train.run import RunLoop, SeededSamples, add_run_arguments, describe_hardware, run_dir_for
+from timm_recursive.train.factory import ModelKwargs, check_input_size, create_classifier
+from timm_recursive.train.run import (
+    RunLoop, SeededSamples, add_run_arguments, describe_hardware, non_negative_float, non_negative_int,
+    parse_args_with_config, positive_int, run_dir_for)
 
 
 _logger = logging.getLogger('train_dino')
@@ -71,37 +74,39 @@ def parse_args(argv=None):
                    help='default values of the flags below (flags given explicitly win)')
     g = p.add_argument_group('model')
     g.add_argument('--model', default='vit_small_patch16_224', help='any timm ViT, e.g. vit_small_entmax')
-    g.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+    g.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs,
                    help='added to the preset\'s, e.g. reg_tokens=4 depth=6')
-    g.add_argument('--in-chans', type=int, default=None, help='input channels (default: the model\'s)')
-    g.add_argument('--drop-path', type=float, default=0.1)
-    g.add_argument('--out-dim', type=int, default=65536, help='prototypes of the DINO head')
-    g.add_argument('--head-hidden-dim', type=int, default=2048)
-    g.add_argument('--bottleneck-dim', type=int, default=256)
-    g.add_argument('--head-layers', type=int, default=3)
+    g.add_argument('--in-chans', type=positive_int, default=None, help='input channels (default: the model\'s)')
+    g.add_argument('--drop-path', type=non_negative_float, default=0.1)
+    g.add_argument('--out-dim', type=positive_int, default=65536, help='prototypes of the DINO head')
+    g.add_argument('--head-hidden-dim', type=positive_int, default=2048)
+    g.add_argument('--bottleneck-dim', type=positive_int, default=256)
+    g.add_argument('--head-layers', type=positive_int, default=3)
     g.add_argument('--norm-last-layer', action=argparse.BooleanOptionalAction, default=False,
                    help='keep the prototype norms at 1 (DINO\'s ViT-S/16 recipe trains them)')
     g = p.add_argument_group('data')
     g.add_argument('--dataset', default='digits', help='digits, a Hub id or alias, or a local folder (labels unused)')
     g.add_argument('--image-column', default=None)
     g.add_argument('--train-split', default=None)
-    g.add_argument('--max-train-samples', type=int, default=None, help='use only the first N training images')
-    g.add_argument('--global-size', type=int, default=224)
-    g.add_argument('--local-size', type=int, default=96)
-    g.add_argument('--num-local', type=int, default=10, help='local crops per image')
+    g.add_argument('--max-train-samples', type=positive_int, default=None, help='use only the first N training images')
+    g.add_argument('--global-size', type=positive_int, default=224)
+    g.add_argument('--local-size', type=positive_int, default=96)
+    g.add_argument('--num-local', type=non_negative_int, default=10, help='local crops per image')
     g.add_argument('--global-scale', type=float, nargs=2, default=(0.25, 1.))
     g.add_argument('--local-scale', type=float, nargs=2, default=(0.05, 0.25))
-    g.add_argument('-j', '--workers', type=int, default=0, help='data loader worker processes')
+    g.add_argument('-j', '--workers', type=non_negative_int, default=0, help='data loader worker processes')
     g = p.add_argument_group('optimisation')
-    g.add_argument('--epochs', type=int, default=200)
-    g.add_argument('-b', '--batch-size', type=int, default=64, help='per process')
-    g.add_argument('--lr', type=float, default=5e-4, help='peak learning rate for a total batch of 256 (scaled linearly)')
-    g.add_argument('--min-lr', type=float, default=1e-5)
-    g.add_argument('--warmup-epochs', type=int, default=10)
-    g.add_argument('--weight-decay', type=float, default=0.04)
-    g.add_argument('--weight-decay-end', type=float, default=0.4)
-    g.add_argument('--clip-grad', type=float, default=3.0, help='gradient norm clipping (0: off)')
-    g.add_argument('--freeze-last-layer', type=int, default=1, help='epochs during which the prototype layer is frozen')
+    g.add_argument('--epochs', type=positive_int, default=200)
+    g.add_argument('-b', '--batch-size', type=positive_int, default=64, help='per process')
+    g.add_argument('--lr', type=non_negative_float, default=5e-4,
+                   help='peak learning rate for a total batch of 256 (scaled linearly)')
+    g.add_argument('--min-lr', type=non_negative_float, default=1e-5)
+    g.add_argument('--warmup-epochs', type=non_negative_int, default=10)
+    g.add_argument('--weight-decay', type=non_negative_float, default=0.04)
+    g.add_argument('--weight-decay-end', type=non_negative_float, default=0.4)
+    g.add_argument('--clip-grad', type=non_negative_float, default=3.0, help='gradient norm clipping (0: off)')
+    g.add_argument('--freeze-last-layer', type=non_negative_int, default=1,
+                   help='epochs during which the prototype layer is frozen')
     g.add_argument('--momentum-teacher', type=float, default=0.996, help='initial teacher EMA momentum (cosine to 1)')
     g.add_argument('--teacher-temp', type=float, default=0.07)
     g.add_argument('--warmup-teacher-temp', type=float, default=0.04)
@@ -114,9 +119,12 @@ def parse_args(argv=None):
     g.add_argument('--seed', type=int, default=0)
     add_run_arguments(g, default_output='runs/dino')
 
-    preset = PRESETS[p.parse_known_args(argv)[0].preset]
+    preset_name = p.parse_known_args(argv)[0].preset
+    preset = PRESETS[preset_name]
     p.set_defaults(**{k: v for k, v in preset.items() if k != 'model_kwargs'})
-    args = p.parse_args(argv)
+    args = parse_args_with_config(p, argv)  # a --config file's values win over the preset's
+    if args.preset != preset_name:
+        p.error('--preset is read from the command line only (a --config file sets values over it)')
     args.model_kwargs = {**preset.get('model_kwargs', {}), **args.model_kwargs}
     if args.warmup_epochs > args.epochs:
         p.error(f'--warmup-epochs {args.warmup_epochs} exceeds --epochs {args.epochs}')
@@ -164,6 +172,8 @@ def train(args, argv=None) -> dict:
             raise RecipeError(f'{flag} {crop} is not a multiple of the patch size {tuple(patch)} of {args.model}')
     data_config = resolve_model_data_config(backbone)
     run_config['in_chans'] = in_chans = data_config['input_size'][0]
+    for crop in (args.global_size, args.local_size):
+        check_input_size(backbone, (in_chans, crop, crop))
     mode = image_mode(data_config)
     multi_crop = MultiCropTransform(
         args.global_size, args.local_size, args.num_local, data_config['mean'], data_config['std'], in_chans=in_chans,
