@@ -232,3 +232,28 @@ def test_halting_head_gets_gradient_through_the_model(images):
     assert model.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
     # the head starts at its initial halting probability
     torch.testing.assert_close(torch.sigmoid(model.halting_head.fc.bias), torch.tensor([0.1]))
+
+
+def test_study_command(tmp_path, capsys):
+    """The measurement command on scikit-learn's digits: JSON with every threshold's row, and its errors."""
+    import json
+    from timm_recursive.analysis.adaptive_halting import main
+    from timm_recursive.training import export_model
+    torch.manual_seed(0)
+    export_model(timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=1, num_steps=4), str(tmp_path / 'm'))
+    args = ['--checkpoint', str(tmp_path / 'm'), '--dataset', 'digits', '--eval-samples', '120', '--batch-size', '50',
+            '--timing-images', '50', '--repeats', '1']
+    assert main(args + ['--thresholds', '0.1', '0.99']) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result['eval_images'] == 120 and [f['steps'] for f in result['fixed']] == [1, 2, 3, 4]
+    low, high = result['thresholds']
+    assert sum(low['step_histogram']) == 120 and low['max_steps'] == 1  # every image is 10% sure at step 1
+    assert high['mean_steps'] >= low['mean_steps'] and high['macs_per_image'] >= low['macs_per_image']
+    assert low['macs_per_image'] == result['fixed'][0]['macs_per_image']
+    assert list(low['vs_fixed']) == ['1', '4'] and low['vs_fixed']['1'] == {'gain': 0.0, 'ci95': 0.0}
+    assert result['matching'] is None or result['matching']['top1'] >= result['fixed'][-1]['top1']
+    assert {'date', 'commit', 'machine', 'wall_s'} <= set(result)
+    assert main(args + ['--thresholds', '0.5', '--markdown']) == 0
+    assert '| confidence 0.5 |' in capsys.readouterr().out
+    assert main(args + ['--thresholds', '1.5']) == 2
+    assert 'threshold must be a number in (0, 1], got 1.5' in capsys.readouterr().err
