@@ -131,7 +131,7 @@ def threshold_table(result: Dict[str, object]) -> str:
     """Markdown: one row per threshold, then the fixed readouts it is compared with."""
     from timm_recursive.analysis.generated_markdown import markdown_table, pct
     compared = [s for s in COMPARED_STEPS if s <= result['num_steps']]
-    header = ['halting', 'top-1 (%)', *[f'vs {s} steps (points, 95% CI)' for s in compared], 'mean steps',
+    header = ['halting', 'top-1 (%)', *[f'vs step {s} (points, 95% CI)' for s in compared], 'mean steps',
               'median', 'max', 'MMACs / image', 'MACs vs full', 'images/s', 'speed vs full']
     rows = []
     for r in result['thresholds']:
@@ -144,7 +144,7 @@ def threshold_table(result: Dict[str, object]) -> str:
     full = result['fixed'][-1]['macs_per_image']
     for f in result['fixed']:
         if f['steps'] in compared:
-            rows.append([f"fixed {f['steps']} steps", pct(f['top1']), *['' for _ in compared], f['steps'], f['steps'],
+            rows.append([f"fixed, {f['steps']} step{'s' if f['steps'] > 1 else ''}", pct(f['top1']), *['' for _ in compared], f['steps'], f['steps'],
                          f['steps'], f"{f['macs_per_image'] / 1e6:.2f}", f"{f['macs_per_image'] / full:.3f}",
                          f"{result['fixed_images_per_s']:.0f}" if f['steps'] == result['num_steps'] else '',
                          '1.00x' if f['steps'] == result['num_steps'] else ''])
