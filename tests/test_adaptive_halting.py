@@ -21,12 +21,13 @@ def _model(**kwargs):
 
 @pytest.fixture(scope='module')
 def spread_model():
-    """A random model whose images reach a confidence threshold at different steps: a sharper
-    classifier (so confidences differ between images) on images of very different contrast."""
+    """A random model whose images halt at different steps: a sharper classifier (so confidences
+    differ between images, on images of very different contrast) and a halting head that follows
+    the first class's logit."""
     model = _model(halting_head=True)
     with torch.no_grad():
         model.head.weight.mul_(3.)
-        model.halting_head.fc.weight.mul_(300.)
+        model.halting_head.fc.weight.copy_(3. * model.head.weight[:1])
     return model
 
 
@@ -230,8 +231,9 @@ def test_halting_head_gets_gradient_through_the_model(images):
     loss.backward()
     assert model.halting_head.fc.weight.grad.abs().sum() > 0
     assert model.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
-    # the head starts at its initial halting probability
-    torch.testing.assert_close(torch.sigmoid(model.halting_head.fc.bias), torch.tensor([0.1]))
+    # the head starts at its initial halting probability, which re-initialising the model keeps
+    model.init_weights()
+    torch.testing.assert_close(torch.sigmoid(model.halting_head.bias.detach()), torch.tensor([0.1]))
 
 
 def test_study_command(tmp_path, capsys):

@@ -56,13 +56,16 @@ class HaltingHead(nn.Module):
         check_threshold(init_halting_prob)
         if init_halting_prob >= 1.:
             raise ValueError(f'init_halting_prob must be below 1, got {init_halting_prob!r}')
-        self.fc = nn.Linear(dim, 1, device=device, dtype=dtype)
+        # the bias apart from the linear layer: a model's generic re-initialisation of its linear
+        # layers (zero biases) leaves the initial halting probability alone
+        self.fc = nn.Linear(dim, 1, bias=False, device=device, dtype=dtype)
+        self.bias = nn.Parameter(torch.full((1,), math.log(init_halting_prob / (1. - init_halting_prob)),
+                                            device=device, dtype=dtype))
         nn.init.trunc_normal_(self.fc.weight, std=.02)
-        nn.init.constant_(self.fc.bias, math.log(init_halting_prob / (1. - init_halting_prob)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Halting logits of shape ``x.shape[:-1]``."""
-        return self.fc(x).squeeze(-1)
+        return (self.fc(x) + self.bias).squeeze(-1)
 
 
 def halting_distribution(halting_logits: torch.Tensor) -> torch.Tensor:

@@ -264,7 +264,7 @@ class RecursiveClassifier(nn.Module):
         self.class_embed = None
         self.init_weights()
         self.reset_classifier(num_classes)
-        # after init_weights, which would reset its bias (its initial halting probability) to zero
+        # created last, so that the other weights of a seeded model are the same with or without it
         self.halting_head = HaltingHead(embed_dim, **dd) if halting_head else None
 
     def init_weights(self) -> None:
