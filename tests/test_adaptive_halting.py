@@ -259,3 +259,12 @@ def test_study_command(tmp_path, capsys):
     assert '| confidence 0.5 |' in capsys.readouterr().out
     assert main(args + ['--thresholds', '1.5']) == 2
     assert 'threshold must be a number in (0, 1], got 1.5' in capsys.readouterr().err
+
+
+def test_halting_losses_take_soft_targets():
+    """Mixup/CutMix targets (class probabilities) give the same loss as their class indices when one-hot."""
+    torch.manual_seed(0)
+    logits, halting_logits, target = torch.randn(5, 3, 4), torch.randn(5, 3), torch.tensor([0, 3, 1])
+    one_hot = torch.nn.functional.one_hot(target, 4).float()
+    for loss in (ponder_net_loss, act_loss):
+        torch.testing.assert_close(loss(logits, halting_logits, one_hot)[0], loss(logits, halting_logits, target)[0])

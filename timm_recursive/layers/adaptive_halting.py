@@ -97,10 +97,12 @@ def geometric_prior(num_steps: int, lambda_p: float, device=None) -> torch.Tenso
 
 
 def _step_cross_entropy(step_logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-    """Cross-entropy of every step's logits (T, B, C) against ``target`` (B,), per step and image (T, B)."""
+    """Cross-entropy of every step's logits (T, B, C) against ``target``, class indices (B,) or class
+    probabilities (B, C) (Mixup/CutMix), per step and image (T, B)."""
     num_steps, batch = step_logits.shape[:2]
+    flat_target = target.repeat(num_steps) if target.dim() == 1 else target.repeat(num_steps, 1)
     return F.cross_entropy(
-        step_logits.flatten(0, 1).float(), target.repeat(num_steps), reduction='none',
+        step_logits.flatten(0, 1).float(), flat_target, reduction='none',
         label_smoothing=label_smoothing).view(num_steps, batch)
 
 
@@ -117,7 +119,7 @@ def ponder_net_loss(
     Args:
         step_logits: class logits of every step (T, B, C).
         halting_logits: the halting head's logits of every step (T, B).
-        target: class indices (B,).
+        target: class indices (B,) or class probabilities (B, C).
         lambda_p: the geometric prior's halting probability (expected steps about ``1 / lambda_p``).
         beta: weight of ``KL(p || prior)``.
         label_smoothing: of the per-step cross-entropy.
