@@ -254,7 +254,7 @@ def test_study_command(tmp_path, capsys):
     assert low['macs_per_image'] == result['fixed'][0]['macs_per_image']
     assert list(low['vs_fixed']) == ['1', '4'] and low['vs_fixed']['1'] == {'gain': 0.0, 'ci95': 0.0}
     assert result['matching'] is None or result['matching']['top1'] >= result['fixed'][-1]['top1']
-    assert {'date', 'commit', 'machine', 'wall_s'} <= set(result)
+    assert {'date', 'commit', 'machine', 'wall_s'} <= set(result) and result['checkpoint_epoch'] is None
     assert main(args + ['--thresholds', '0.5', '--markdown']) == 0
     assert '| confidence 0.5 |' in capsys.readouterr().out
     assert main(args + ['--thresholds', '1.5']) == 2

@@ -3,7 +3,8 @@
 # image at its own step keep the 16-step accuracy for less compute?
 #   1. trains the reference model (seed 0) exactly as the ablations do (first 6,000 training images,
 #      4 epochs; resumes, skipped once finished) into OUTPUT_ROOT/ablation/dsa_moe/seed0;
-#   2. measures each halting criterion on the first 5,000 test images into OUTPUT_ROOT/<criterion>.json
+#   2. measures each halting criterion with the last epoch's weights on the first 5,000 test images
+#      into OUTPUT_ROOT/<criterion>.json
 #      (python -m timm_recursive.analysis.adaptive_halting; a measurement already there is kept);
 #   3. with --save, copies the measurements into experiments/adaptive_halting/results/ and draws the
 #      figure there (the only step that changes results/).
@@ -20,7 +21,8 @@ ablations=$(ls scripts/ablations.sh experiments/*/ablations.sh 2>/dev/null | hea
 [ -n "$ablations" ] || { echo "cannot find ablations.sh (the ablation recipe)"; exit 1; }
 
 ABLATION_ONLY=dsa_moe/seed0 ABLATION_THREADS=$threads "$ablations" "$out/ablation" 1
-run=$out/ablation/dsa_moe/seed0
+# the last epoch's weights: the run's model/ export is its best epoch on the test images
+state=$(ls -d "$out"/ablation/dsa_moe/seed0/checkpoints/epoch* | tail -n 1)
 
 measure() {  # CRITERION THRESHOLD...
     local criterion=$1
@@ -28,7 +30,7 @@ measure() {  # CRITERION THRESHOLD...
     if [ -f "$out/$criterion.json" ]; then echo "done: $out/$criterion.json"; return 0; fi
     echo "measuring $criterion"
     OMP_NUM_THREADS=$threads .venv/bin/python -m timm_recursive.analysis.adaptive_halting \
-        --checkpoint "$run" --dataset fashion_mnist --eval-samples 5000 --timing-images 1000 --repeats 5 \
+        --checkpoint "$state" --dataset fashion_mnist --eval-samples 5000 --timing-images 1000 --repeats 5 \
         --criterion "$criterion" --thresholds "$@" > "$out/$criterion.json.tmp"
     mv "$out/$criterion.json.tmp" "$out/$criterion.json"
 }

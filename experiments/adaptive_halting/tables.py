@@ -27,8 +27,9 @@ def _histogram(result: Dict) -> str:
 
 
 def _provenance(result: Dict) -> str:
-    return (f"{result['criterion']}: measured {result['date']}, commit {result['commit'] or 'not recorded'}, "
-            f"{result['machine']}, {result['timing']['threads']} threads, {result['wall_s']:.0f} s")
+    return (f"{result['criterion']}: weights after epoch {result['checkpoint_epoch']} of {result['run_epochs']}, "
+            f"measured {result['date']}, commit {result['commit'] or 'not recorded'}, {result['machine']}, "
+            f"{result['timing']['threads']} threads, {result['wall_s']:.0f} s")
 
 
 def tables(results: pathlib.Path) -> Dict[str, str]:

@@ -15,10 +15,12 @@ image stops at its own step; halted images leave the batch), on the first evalua
 full recursion's, with its MAC and images/s ratios.
 
 ``python -m timm_recursive.analysis.adaptive_halting --checkpoint RUN --dataset fashion_mnist --eval-samples 5000 --criterion confidence --thresholds 0.5 0.9 0.99 [--markdown]``
-prints the result as JSON (with the date, commit, machine and wall time), or a markdown table.
+prints the result as JSON (with the date, commit, machine and wall time, and for a training state
+folder ``RUN/checkpoints/epochN`` its epoch and the run's planned epochs), or a markdown table.
 """
 import argparse
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -163,6 +165,21 @@ def _commit() -> Optional[str]:
     return commit.stdout.strip() + ('-dirty' if dirty.stdout.strip() else '')
 
 
+def _training_progress(checkpoint: Optional[str]) -> Dict[str, Optional[int]]:
+    """Epochs trained into a training state folder (``checkpoints/epochN``) and the run's planned epochs."""
+    def read(*parts):
+        path = os.path.join(checkpoint, *parts)
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    if not checkpoint or not os.path.isdir(checkpoint):
+        return {'checkpoint_epoch': None, 'run_epochs': None}
+    state, run_args = read('trainer_state.json'), read(os.pardir, os.pardir, 'args.json')
+    return {'checkpoint_epoch': state and state.get('epoch'), 'run_epochs': run_args and run_args.get('epochs')}
+
+
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401 (registers the models)
     from timm_recursive.analysis.command import print_measurement
@@ -207,6 +224,7 @@ def main(argv=None) -> int:
         'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
         'commit': _commit(),
         'machine': f'{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}',
+        **_training_progress(args.checkpoint),
     }
     return print_measurement(args, measure, threshold_table, **provenance)
 
