@@ -17,7 +17,10 @@ out=${1:?usage: $study/run.sh OUTPUT_ROOT [--save]}
 save=${2:-}
 threads=${HALTING_THREADS:-2}
 # the ablation recipe lives in one script; it may have moved into its own study folder
-ablations=$(ls scripts/ablations.sh experiments/*/ablations.sh 2>/dev/null | head -n 1)
+ablations=
+for candidate in scripts/ablations.sh experiments/*/ablations.sh; do
+    [ -f "$candidate" ] && { ablations=$candidate; break; }
+done
 [ -n "$ablations" ] || { echo "cannot find ablations.sh (the ablation recipe)"; exit 1; }
 
 ABLATION_ONLY=dsa_moe/seed0 ABLATION_THREADS=$threads "$ablations" "$out/ablation" 1

@@ -40,6 +40,11 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         pieces[f'{criterion}_histogram'] = _histogram(result)
         pieces[f'{criterion}_matching'] = _matching(result)
         pieces[f'{criterion}_provenance'] = _provenance(result)
+    training = json.loads((results / 'training' / 'summary.json').read_text())
+    pieces['training_provenance'] = (
+        f"trained {training['epochs']} epochs on {training['train_images']} images in "
+        f"{training['wall_time_s'] / 60:.1f} min ({training['hardware']}, {training['dataset_source']}): "
+        f"`{training['command']}`")
     confidence = data['confidence']
     full, match = confidence['fixed'][-1], confidence['matching']
     if match is None:
