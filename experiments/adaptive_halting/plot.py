@@ -18,7 +18,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('results', nargs='?', type=pathlib.Path, default=RESULTS, help='folder of the JSON and the figure')
     results = parser.parse_args().results
-    data = {c: json.loads((results / f'{c}.json').read_text()) for c in ('confidence', 'change')}
+    data = {c: json.loads((results / f'{c}.json').read_text()) for c in ('confidence', 'change')
+            if (results / f'{c}.json').exists()}
     fig, (ax, hist) = plt.subplots(1, 2, figsize=(11, 4))
     fixed = data['confidence']['fixed']
     ax.plot([f['macs_per_image'] / 1e6 for f in fixed], [f['top1'] for f in fixed], 'k.-', label='fixed steps 1..T')
