@@ -1,1 +1,2 @@
-from .efficiency import active_params, block_macs_per_token, efficiency_report, forward_macs, mixing_macs_per_token
+from .efficiency import (
+    active_params, adaptive_macs, block_macs_per_token, efficiency_report, forward_macs, mixing_macs_per_token)

@@ -11,10 +11,12 @@ allocated), following the source's analysis:
 * per-step sequence length ``L_t = t + 2``, attention sparsity ``1 - min(k, L_t) / L_t`` and the
   crossover step, the first step where DSA attends to fewer keys than exist.
 
-``forward_macs`` counts a whole forward pass for one image; tests check it against
+``forward_macs`` counts a whole forward pass for one image, or one stopped after fewer steps;
+``adaptive_macs`` counts each image of an adaptive forward (``forward_adaptive``) at its own number
+of steps, so its attention at its own sequence lengths (and DSA sparsity); tests check both against
 ``torch.utils.flop_counter.FlopCounterMode``.
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from torch import nn
 from timm.layers import Attention
@@ -22,7 +24,10 @@ from timm.layers import Attention
 from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts, sparse_attention_sparsity
 from timm_recursive.models import RecursiveBlock, RecursiveClassifier
 
-__all__ = ['block_macs_per_token', 'mixing_macs_per_token', 'active_params', 'forward_macs', 'efficiency_report']
+__all__ = [
+    'block_macs_per_token', 'mixing_macs_per_token', 'active_params', 'forward_macs', 'adaptive_macs',
+    'efficiency_report',
+]
 
 
 def _linear_weights(module: nn.Module) -> int:
@@ -76,18 +81,39 @@ def _encoder_macs(model: RecursiveClassifier, input_size: Tuple[int, int]) -> in
     return macs + model.proj.weight.numel()
 
 
-def forward_macs(model: RecursiveClassifier, input_size: Tuple[int, int]) -> int:
-    """Multiply-adds of ``model(x)`` for one image of spatial size ``input_size``."""
+def forward_macs(
+        model: RecursiveClassifier, input_size: Tuple[int, int], num_steps: Optional[int] = None,
+        halting_head: bool = False,
+) -> int:
+    """Multiply-adds of ``model(x)`` for one image of spatial size ``input_size``.
+
+    ``num_steps``: of a forward that stops after this many steps (``forward_adaptive``; default the
+    model's ``num_steps``); ``halting_head``: with the learned halting head's logit at every step.
+    """
+    num_steps = model.num_steps if num_steps is None else num_steps
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f'num_steps must be a positive integer, got {num_steps!r}')
     macs = _encoder_macs(model, input_size)
-    for t in range(1, model.num_steps + 1):
+    for t in range(1, num_steps + 1):
         seq_len = t + 2
         for block in model.blocks:
             macs += seq_len * (block_macs_per_token(block) + mixing_macs_per_token(block, seq_len))
     if model.num_classes > 0:
-        macs += model.num_steps * model.embed_dim * model.num_classes  # one readout per step
+        macs += num_steps * model.embed_dim * model.num_classes  # one readout per step
         if model.soft_y:
-            macs += (model.num_steps - 1) * model.num_classes * model.embed_dim  # probs @ class embeddings
+            macs += (num_steps - 1) * model.num_classes * model.embed_dim  # probs @ class embeddings
+    if halting_head:
+        macs += num_steps * model.embed_dim
     return macs
+
+
+def adaptive_macs(
+        model: RecursiveClassifier, input_size: Tuple[int, int], steps: Sequence[int], halting_head: bool = False,
+) -> List[int]:
+    """Multiply-adds of every image of a ``forward_adaptive`` pass that ran it for ``steps[i]`` steps
+    (``halting_head``: the criterion 'halting', which reads the head every step)."""
+    per_steps = {s: forward_macs(model, input_size, s, halting_head) for s in set(int(s) for s in steps)}
+    return [per_steps[int(s)] for s in steps]
 
 
 def _step_sparsity(model: RecursiveClassifier, seq_len: int) -> float:

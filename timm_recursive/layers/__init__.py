@@ -18,6 +18,8 @@ One building block per file, no model code. Conventions shared by the layers:
 """
 from .mixture_of_experts import MixtureOfExperts, expert_counts, load_balancing_loss, router_z_loss
 from .sparse_attention import DynamicSparseAttention, attention_map, sparse_attention_sparsity
+from .adaptive_halting import (
+    HaltingHead, act_loss, act_weights, geometric_prior, halting_distribution, ponder_net_loss)
 from .entmax_ops import entmax, entmax15, entmax_bisect
 from .entmax_attention import EntmaxAttention, attention_probs, convert_to_entmax
 from .attention_projections import ProjectedAttention

@@ -56,12 +56,13 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint, named_apply
 
 from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts
+from timm_recursive.layers.adaptive_halting import HaltingHead, check_threshold
 
 from ._pretrained import HUB_ORG, pretrained_errors
 
 __all__ = [
-    'RecursiveClassifier', 'RecursiveBlock', 'ROLES', 'SUMMARY', 'HYPOTHESIS', 'HISTORY', 'ROLE_SLOTS',
-    'NEW_LATENT_SLOT', 'sequence_length', 'step_of_length', 'token_roles',
+    'RecursiveClassifier', 'RecursiveBlock', 'HALTING_CRITERIA', 'ROLES', 'SUMMARY', 'HYPOTHESIS', 'HISTORY',
+    'ROLE_SLOTS', 'NEW_LATENT_SLOT', 'sequence_length', 'step_of_length', 'token_roles',
 ]
 
 _GLOBAL_POOLS = ('token', 'avg', '')
@@ -170,6 +171,10 @@ class RecursiveBlock(nn.Module):
         return x + self.drop_path2(h), aux
 
 
+# forward_adaptive's halting criteria (see its docstring)
+HALTING_CRITERIA = ('confidence', 'change', 'halting')
+
+
 class RecursiveClassifier(nn.Module):
     """Recursive x/y/z classifier; see the module docstring.
 
@@ -200,6 +205,8 @@ class RecursiveClassifier(nn.Module):
         proj_drop_rate: dropout after attention/FFN projections.
         attn_drop_rate: dropout on attention probabilities.
         drop_path_rate: stochastic depth, linearly increasing over the blocks.
+        halting_head: add a learned halting head (``forward_steps_halting``, ``forward_adaptive``'s
+            criterion 'halting'); off by default, so the parameters and outputs are those without it.
     """
     # the token layout's indices where TorchScript reads them (it cannot read module-level ints)
     summary_role: Final[int] = SUMMARY
@@ -232,6 +239,7 @@ class RecursiveClassifier(nn.Module):
             proj_drop_rate: float = 0.,
             attn_drop_rate: float = 0.,
             drop_path_rate: float = 0.,
+            halting_head: bool = False,
             device=None,
             dtype=None,
     ):
@@ -295,6 +303,8 @@ class RecursiveClassifier(nn.Module):
         self.class_embed = None
         self.init_weights()
         self.reset_classifier(num_classes)
+        # created last, so that the other weights of a seeded model are the same with or without it
+        self.halting_head = HaltingHead(embed_dim, **dd) if halting_head else None
 
     def init_weights(self) -> None:
         # The initial hypothesis and latent, like the class embeddings and the later latents (layer
@@ -382,13 +392,14 @@ class RecursiveClassifier(nn.Module):
         return self.norm(tokens), aux
 
     def _recurse(
-            self, x_feat: torch.Tensor, grad_window: int,
+            self, x_feat: torch.Tensor, grad_window: int, step_states: Optional[List[torch.Tensor]] = None,
     ) -> Tuple[torch.Tensor, List[torch.Tensor], torch.Tensor]:
         """Run all steps: final tokens (B, T + 2, d), logits of steps 1..T-1, mean MoE auxiliary loss.
 
         ``grad_window``: how many of its newest latents each step reads with their gradient (older
         ones are read as values only; ``>= num_steps - 1``: the whole history); with 0 the hypothesis
         is read without its gradient too, else a hard one takes its soft mix's gradient straight through.
+        ``step_states``: a list to append every step's hypothesis-slot output (B, d) to (the halting head's input).
         """
         summary = x_feat.unsqueeze(1) + self.role_embed[self.summary_role]
         B = summary.shape[0]
@@ -402,6 +413,8 @@ class RecursiveClassifier(nn.Module):
             history = torch.cat(latents, dim=1) + self.role_embed[self.history_role]
             tokens, step_aux = self._transform(torch.cat([summary, hypothesis, history], dim=1))
             aux = aux + step_aux
+            if step_states is not None:
+                step_states.append(tokens[:, self.hypothesis_role])
             if t == self.num_steps - 1:
                 break
             latents.append(tokens[:, self.new_latent_slot].unsqueeze(1))
@@ -474,6 +487,127 @@ class RecursiveClassifier(nn.Module):
         tokens, step_logits, aux = self._recurse(self._encode(x), self.grad_window)
         step_logits.append(self.forward_head(tokens.unsqueeze(1)))
         return torch.stack(step_logits), aux
+
+    def forward_steps_halting(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``forward_steps`` plus the learned halting head's logit at every step: its training interface.
+
+        Returns:
+            ``(logits, halting_logits, aux_loss)``: ``logits`` and ``aux_loss`` as ``forward_steps``
+            gives them, ``halting_logits`` of shape (num_steps, B), read from each step's
+            hypothesis-slot output; train them with ``ponder_net_loss`` or ``act_loss``
+            (``timm_recursive.layers.adaptive_halting``).
+        """
+        if self.halting_head is None:
+            raise RuntimeError('forward_steps_halting needs a model built with halting_head=True')
+        self._check_readout('forward_steps_halting')
+        states: List[torch.Tensor] = []
+        tokens, step_logits, aux = self._recurse(self._encode(x), self.grad_window, step_states=states)
+        step_logits.append(self.forward_head(tokens.unsqueeze(1)))
+        return torch.stack(step_logits), self.halting_head(torch.stack(states)), aux
+
+    def _check_readout(self, method: str) -> None:
+        if self.num_classes == 0 or self.global_pool == '':
+            raise RuntimeError(f'{method} needs a classifier and pooling (num_classes > 0, global_pool != "")')
+
+    def _check_adaptive_arguments(self, criterion: str, threshold: Optional[float], max_steps: Optional[int]) -> int:
+        """Check ``forward_adaptive``'s arguments; return the step budget."""
+        self._check_readout('forward_adaptive')
+        _check_choice('criterion', criterion, HALTING_CRITERIA)
+        if threshold is not None:
+            check_threshold(threshold)
+        if criterion == 'halting' and self.halting_head is None:
+            raise ValueError("criterion 'halting' needs a model built with halting_head=True")
+        max_steps = self.num_steps if max_steps is None else max_steps
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or not 1 <= max_steps <= self.num_steps:
+            raise ValueError(f'max_steps must be an integer in [1, num_steps={self.num_steps}], got {max_steps!r}')
+        return max_steps
+
+    @torch.no_grad()
+    def forward_adaptive(
+            self,
+            x: torch.Tensor,
+            threshold: Optional[float] = None,
+            max_steps: Optional[int] = None,
+            criterion: str = 'confidence',
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Inference in which every image stops at its own step: halted images leave the batch.
+
+        An image halts at the first step that meets ``criterion``:
+
+        * 'confidence': the step's top-1 class probability is at least ``threshold``;
+        * 'change': from step 2, the step's class probabilities moved from the previous step's by at
+          most ``threshold`` in total variation distance (``|p_t - p_{t-1}|_1 / 2``);
+        * 'halting': the learned halting head's cumulative halting probability
+          ``1 - prod_{j<=t} (1 - sigmoid(l_j))`` reaches ``threshold`` (a model built with
+          ``halting_head=True``; 0.5 halts at the median of its PonderNet halting distribution).
+
+        Images still running after ``max_steps`` steps (default ``num_steps``) stop there; with
+        ``threshold=None`` every image runs exactly ``max_steps`` (a fixed budget). Halted images are
+        removed from the batch, so the later steps run on the remaining images only, which all share
+        one history length (step t + 2 tokens): Dynamic Sparse Attention sees each image's own length.
+
+        Args:
+            x: image batch (B, C, H, W).
+            threshold: the criterion's threshold, in (0, 1]; None: no early exit.
+            max_steps: step budget, 1..num_steps.
+            criterion: 'confidence', 'change' or 'halting'.
+
+        Returns:
+            ``(logits, steps)``: each image's class logits (B, num_classes) at the step it halted, the
+            same as ``forward_steps(x)[0][steps[i] - 1, i]`` (up to floating-point summation order in a
+            smaller batch), and its steps (B,), int64.
+        """
+        max_steps = self._check_adaptive_arguments(criterion, threshold, max_steps)
+        summary = self._encode(x).unsqueeze(1) + self.role_embed[self.summary_role]
+        B = summary.shape[0]
+        y = self.y_init.expand(B, -1)
+        history = self.z_init.expand(B, -1, -1)
+        active = torch.arange(B, device=summary.device)  # each running image's index in the batch
+        steps = torch.full((B,), max_steps, dtype=torch.long, device=summary.device)
+        out: Optional[torch.Tensor] = None
+        previous: Optional[torch.Tensor] = None  # class probabilities of the previous step ('change')
+        running = summary.new_ones(B, dtype=torch.float32)  # prod_{j<=t} (1 - halting probability) ('halting')
+        for t in range(1, max_steps + 1):
+            hypothesis = (y + self.role_embed[self.hypothesis_role]).unsqueeze(1)
+            tokens, _ = self._transform(
+                torch.cat([summary, hypothesis, history + self.role_embed[self.history_role]], dim=1))
+            if t == self.num_steps:
+                logits = self.forward_head(tokens.unsqueeze(1))
+            else:
+                logits = self.head(self.head_drop(tokens[:, self.hypothesis_role]))
+            if out is None:
+                out = logits.new_empty(B, logits.shape[-1])
+            if t == max_steps:
+                out[active] = logits
+                break
+            halt = torch.zeros_like(active, dtype=torch.bool)
+            if threshold is not None:
+                if criterion == 'halting':
+                    assert self.halting_head is not None
+                    running = running * torch.sigmoid(-self.halting_head(tokens[:, self.hypothesis_role]).float())
+                    halt = 1. - running >= threshold
+                else:
+                    probs = logits.float().softmax(dim=-1)
+                    if criterion == 'confidence':
+                        halt = probs.amax(dim=-1) >= threshold
+                    elif previous is not None:
+                        halt = (probs - previous).abs().sum(dim=-1) / 2 <= threshold
+                    previous = probs
+            keep = (~halt).nonzero().squeeze(1)
+            if len(keep) < len(active):  # some images halted: record them, run on without them
+                done = halt.nonzero().squeeze(1)
+                out[active[done]] = logits[done]
+                steps[active[done]] = t
+                if len(keep) == 0:
+                    break
+                active, summary, history, tokens, logits = (
+                    active[keep], summary[keep], history[keep], tokens[keep], logits[keep])
+                y, running = y[keep], running[keep]
+                previous = None if previous is None else previous[keep]
+            history = torch.cat([history, tokens[:, self.new_latent_slot].unsqueeze(1)], dim=1)
+            y = self._hypothesis_embed(logits, with_grad=False)
+        assert out is not None
+        return out, steps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))

@@ -1,0 +1,233 @@
+"""Adaptive halting of a recursive classifier, measured per threshold against its fixed-step readouts.
+
+For every threshold of one halting criterion of ``RecursiveClassifier.forward_adaptive`` (each
+image stops at its own step; halted images leave the batch), on the first evaluation images:
+
+* top-1 accuracy, and its paired difference from the same model's fixed readouts at steps 1, 4, 8
+  and 16 on the same images, with the 95% interval (``recursion_trace.paired_gain``);
+* the steps used: mean, median, maximum and the histogram over 1..num_steps;
+* multiply-adds per image, each image counted at its own steps and sequence lengths
+  (``efficiency.adaptive_macs``), and their ratio to the full fixed recursion;
+* images/s of the adaptive forward and of ``model(x)`` (the full fixed recursion), timed in
+  interleaved repeats (median; ``timing.time_interleaved``) on the first ``--timing-images``.
+
+``matching`` names the cheapest threshold (fewest multiply-adds) whose accuracy is at least the
+full recursion's, with its MAC and images/s ratios.
+
+``python -m timm_recursive.analysis.adaptive_halting --checkpoint RUN --dataset fashion_mnist --eval-samples 5000 --criterion confidence --thresholds 0.5 0.9 0.99 [--markdown]``
+prints the result as JSON (with the date, commit, machine and wall time, and for a training state
+folder ``RUN/checkpoints/epochN`` its epoch and the run's planned epochs), or a markdown table.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ['fixed_step_predictions', 'adaptive_predictions', 'halting_study', 'threshold_table', 'COMPARED_STEPS']
+
+COMPARED_STEPS = (1, 4, 8, 16)  # the fixed readouts each threshold is compared with (those the model has)
+
+
+@torch.no_grad()
+def fixed_step_predictions(model, batches) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Every step's predicted class (num_steps, N) of ``model`` and the labels (N,)."""
+    model.eval()
+    predictions = [model.forward_steps(batch['pixel_values'])[0].argmax(-1) for batch in batches]
+    return torch.cat(predictions, dim=1), torch.cat([batch['label'] for batch in batches])
+
+
+def adaptive_predictions(model, batches, criterion: str, threshold: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Predicted class (N,) and steps used (N,) of ``forward_adaptive`` with this criterion and threshold."""
+    model.eval()
+    outputs = [model.forward_adaptive(batch['pixel_values'], threshold=threshold, criterion=criterion)
+               for batch in batches]
+    return torch.cat([logits.argmax(-1) for logits, _ in outputs]), torch.cat([steps for _, steps in outputs])
+
+
+def _paired(adaptive_right: torch.Tensor, fixed_right: torch.Tensor) -> Dict[str, float]:
+    from timm_recursive.analysis.recursion_trace import paired_gain
+    n = len(adaptive_right)
+    corrected = float((adaptive_right & ~fixed_right).sum()) / n
+    regressed = float((~adaptive_right & fixed_right).sum()) / n
+    gain, half_width = paired_gain(corrected, regressed, n)
+    return {'gain': round(100. * gain, 2), 'ci95': round(100. * half_width, 2)}
+
+
+def halting_study(
+        model,
+        batches: Sequence[Dict[str, torch.Tensor]],
+        criterion: str,
+        thresholds: Sequence[float],
+        timing_batches: Sequence[Dict[str, torch.Tensor]],
+        repeats: int = 5,
+) -> Dict[str, object]:
+    """The measurements of the module docstring for ``model`` on ``batches`` (labelled, in order)."""
+    from timm_recursive.analysis.efficiency import adaptive_macs, forward_macs
+    from timm_recursive.analysis.timing import time_interleaved
+
+    num_steps = model.num_steps
+    input_size = tuple(batches[0]['pixel_values'].shape[-2:])
+    halting_head = criterion == 'halting'
+    full_macs = forward_macs(model, input_size)
+    predictions, labels = fixed_step_predictions(model, batches)
+    fixed_right = predictions == labels
+    compared = [s for s in COMPARED_STEPS if s <= num_steps]
+    result: Dict[str, object] = {
+        'criterion': criterion, 'eval_images': len(labels), 'num_steps': num_steps, 'input_size': list(input_size),
+        'fixed': [{'steps': s, 'top1': round(100. * float(fixed_right[s - 1].float().mean()), 2),
+                   'macs_per_image': forward_macs(model, input_size, s)} for s in range(1, num_steps + 1)],
+    }
+    rows: List[Dict[str, object]] = []
+    for threshold in thresholds:
+        predicted, steps = adaptive_predictions(model, batches, criterion, threshold)
+        right = predicted == labels
+        macs = adaptive_macs(model, input_size, steps.tolist(), halting_head)
+        rows.append({
+            'threshold': threshold,
+            'top1': round(100. * float(right.float().mean()), 2),
+            'mean_steps': round(float(steps.float().mean()), 3),
+            'median_steps': float(steps.float().median()),
+            'max_steps': int(steps.max()),
+            'step_histogram': torch.bincount(steps - 1, minlength=num_steps).tolist(),
+            'macs_per_image': round(statistics.fmean(macs)),
+            'macs_ratio': round(statistics.fmean(macs) / full_macs, 4),
+            'vs_fixed': {str(s): _paired(right, fixed_right[s - 1]) for s in compared},
+        })
+
+    def infer(threshold=None):
+        def run():
+            with torch.inference_mode():
+                for batch in timing_batches:
+                    if threshold is None:
+                        model(batch['pixel_values'])
+                    else:
+                        model.forward_adaptive(batch['pixel_values'], threshold=threshold, criterion=criterion)
+        return run
+
+    cases = {'fixed': infer(), **{str(t): infer(t) for t in thresholds}}
+    seconds = {name: statistics.median(ts) for name, ts in time_interleaved(cases, repeats).items()}
+    timing_images = sum(len(batch['label']) for batch in timing_batches)
+    for row in rows:
+        row['images_per_s'] = round(timing_images / seconds[str(row['threshold'])], 1)
+        row['speedup'] = round(seconds['fixed'] / seconds[str(row['threshold'])], 3)
+    result['thresholds'] = rows
+    result['fixed_images_per_s'] = round(timing_images / seconds['fixed'], 1)
+    result['timing'] = {'images': timing_images, 'repeats': repeats, 'threads': torch.get_num_threads(),
+                        'batch_size': len(timing_batches[0]['label'])}
+    full_top1 = result['fixed'][-1]['top1']
+    matching = [r for r in rows if r['top1'] >= full_top1]
+    result['matching'] = None if not matching else {
+        key: value for key, value in min(matching, key=lambda r: r['macs_per_image']).items()
+        if key in ('threshold', 'top1', 'mean_steps', 'macs_ratio', 'speedup')}
+    return result
+
+
+def threshold_table(result: Dict[str, object]) -> str:
+    """Markdown: one row per threshold, then the fixed readouts it is compared with."""
+    from timm_recursive.analysis.generated_markdown import markdown_table, pct
+    compared = [s for s in COMPARED_STEPS if s <= result['num_steps']]
+    header = ['halting', 'top-1 (%)', *[f'vs step {s} (points, 95% CI)' for s in compared], 'mean steps',
+              'median', 'max', 'MMACs / image', 'MACs vs full', 'images/s', 'speed vs full']
+    rows = []
+    for r in result['thresholds']:
+        rows.append([
+            f"{result['criterion']} {r['threshold']:g}", pct(r['top1']),
+            *[f"{r['vs_fixed'][str(s)]['gain']:+.2f} ± {r['vs_fixed'][str(s)]['ci95']:.2f}" for s in compared],
+            f"{r['mean_steps']:.2f}", f"{r['median_steps']:g}", r['max_steps'], f"{r['macs_per_image'] / 1e6:.2f}",
+            f"{r['macs_ratio']:.3f}", f"{r['images_per_s']:.0f}", f"{r['speedup']:.2f}x",
+        ])
+    full = result['fixed'][-1]['macs_per_image']
+    for f in result['fixed']:
+        if f['steps'] in compared:
+            rows.append([f"fixed, {f['steps']} step{'s' if f['steps'] > 1 else ''}", pct(f['top1']), *['' for _ in compared], f['steps'], f['steps'],
+                         f['steps'], f"{f['macs_per_image'] / 1e6:.2f}", f"{f['macs_per_image'] / full:.3f}",
+                         f"{result['fixed_images_per_s']:.0f}" if f['steps'] == result['num_steps'] else '',
+                         '1.00x' if f['steps'] == result['num_steps'] else ''])
+    return markdown_table(header, rows)
+
+
+def _commit() -> Optional[str]:
+    """The checkout's commit (with '-dirty' for uncommitted changes), None outside a git checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=here, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=here,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit.stdout.strip() + ('-dirty' if dirty.stdout.strip() else '')
+
+
+def _training_progress(checkpoint: Optional[str]) -> Dict[str, Optional[int]]:
+    """Epochs trained into a training state folder (``checkpoints/epochN``) and the run's planned epochs."""
+    def read(*parts):
+        path = os.path.join(checkpoint, *parts)
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    if not checkpoint or not os.path.isdir(checkpoint):
+        return {'checkpoint_epoch': None, 'run_epochs': None}
+    state, run_args = read('trainer_state.json'), read(os.pardir, os.pardir, 'args.json')
+    return {'checkpoint_epoch': state and state.get('epoch'), 'run_epochs': run_args and run_args.get('epochs')}
+
+
+def main(argv=None) -> int:
+    import timm_recursive  # noqa: F401 (registers the models)
+    from timm_recursive.analysis.command import print_measurement
+    from timm_recursive.analysis.images import labelled_batches
+    from timm_recursive.data import create_dataset_transform, resolve_dataset
+    from timm_recursive.models.recursive_classifier import HALTING_CRITERIA
+    from timm_recursive.train import add_model_arguments, model_from_arguments
+
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
+    add_model_arguments(p)
+    p.add_argument('--dataset', default='fashion_mnist')
+    p.add_argument('--eval-samples', type=int, default=5000, help='first evaluation images measured')
+    p.add_argument('--criterion', default='confidence', choices=HALTING_CRITERIA)
+    p.add_argument('--thresholds', type=float, nargs='+', required=True, help='halting thresholds, each in (0, 1]')
+    p.add_argument('--batch-size', type=int, default=500)
+    p.add_argument('--timing-images', type=int, default=1000, help='first evaluation images timed')
+    p.add_argument('--repeats', type=int, default=5, help='interleaved timing repeats (median)')
+    p.add_argument('--markdown', action='store_true', help='print a markdown table instead of JSON')
+    args = p.parse_args(argv)
+    if args.checkpoint is None and not args.pretrained:
+        p.error('halting is measured on trained weights: give --checkpoint, or --model with --pretrained')
+    for name in ('eval_samples', 'batch_size', 'timing_images', 'repeats'):
+        if getattr(args, name) < 1:
+            p.error(f'--{name.replace("_", "-")} must be positive, got {getattr(args, name)}')
+
+    started = time.perf_counter()
+
+    def measure():
+        from timm_recursive.layers.adaptive_halting import check_threshold
+        for threshold in args.thresholds:
+            check_threshold(threshold)
+        splits = resolve_dataset(args.dataset)
+        model = model_from_arguments(args, splits.num_classes)
+        transform = create_dataset_transform(model, splits, False)
+        batches = labelled_batches(splits.eval, transform, args.eval_samples, args.batch_size)
+        timing = labelled_batches(splits.eval, transform, args.timing_images, args.batch_size)
+        result = halting_study(model, batches, args.criterion, args.thresholds, timing, args.repeats)
+        result['wall_s'] = round(time.perf_counter() - started, 1)
+        return result
+
+    provenance = {
+        'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+        'commit': _commit(),
+        'machine': f'{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}',
+        **_training_progress(args.checkpoint),
+    }
+    return print_measurement(args, measure, threshold_table, **provenance)
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())
