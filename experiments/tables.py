@@ -9,6 +9,11 @@ from typing import Dict
 from timm_recursive.analysis.generated_markdown import load_study_tables, markdown_table
 
 # (study folder, family, question the study answers), in the README's order
+FAMILY_PAGES = {
+    'recursive classifier': 'docs/recursive_classifier.md',
+    'entmax ViT': 'docs/entmax_vit.md',
+    'token fusion': 'docs/token_fusion.md',
+}
 STUDIES = (
     ('digits_demo', 'recursive classifier', '`make demo`: train, trace and reload on scikit-learn digits'),
     ('fashion_mnist_baselines', 'recursive classifier', 'SA-MLP, SA-MoE and DSA-MoE on FashionMNIST'),
@@ -16,7 +21,7 @@ STUDIES = (
     ('adaptive_halting', 'recursive classifier', 'how many steps does each image need?'),
     ('token_fusion_ablation', 'token fusion', 'importance, diversity and the fused-token count'),
     ('dino_fashion_mnist', 'entmax ViT', 'DINO pretraining and probes: softmax, entmax, registers'),
-    ('speed', 'all', 'speed and cost ratios against the dense baselines'),
+    ('speed', 'every family', 'speed and cost ratios against the dense baselines'),
 )
 
 
@@ -24,10 +29,12 @@ def tables(experiments: pathlib.Path) -> Dict[str, str]:
     rows = []
     for study, family, question in STUDIES:
         headline = load_study_tables(experiments / study)['headline']
-        rows.append([family, f'[{question}](experiments/{study}/)', f'[{headline}](experiments/{study}/)'])
+        page = FAMILY_PAGES.get(family)
+        rows.append([f'[{family}]({page})' if page else family, f'[{question}](experiments/{study}/)',
+                     f'[{headline}](experiments/{study}/)'])
     results = markdown_table(['family', 'study', 'measured (the study\'s headline)'], rows)
     return {
         'results': results,
         # the same table inside experiments/, where links are relative to that folder
-        'index': results.replace('](experiments/', ']('),
+        'index': results.replace('](experiments/', '](').replace('](docs/', '](../docs/'),
     }
