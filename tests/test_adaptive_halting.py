@@ -3,7 +3,6 @@ import math
 
 import pytest
 import timm
-import timm.layers.config
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -152,15 +151,6 @@ def test_bad_arguments_are_clear_errors(spread_model, images):
         _model().forward_adaptive(images[:2], threshold=0.5, criterion='halting')
     with pytest.raises(RuntimeError, match='halting_head=True'):
         _model().forward_steps_halting(images[:2])
-
-
-@pytest.fixture
-def unfused_attention():
-    """FLOP counters miss fused attention kernels: count with timm's explicit attention."""
-    previous = timm.layers.config._USE_FUSED_ATTN
-    timm.layers.set_fused_attn(False)
-    yield
-    timm.layers.config._USE_FUSED_ATTN = previous
 
 
 @pytest.mark.parametrize('criterion', ['confidence', 'halting'])

@@ -3,7 +3,6 @@ import json
 
 import pytest
 import timm
-import timm.layers.config
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -41,15 +40,6 @@ def test_sequence_length_sparsity_and_crossover(reports):
     assert reports['recursive_dsa_moe_cifar:topk=2']['crossover_step'] == 1
     assert reports['recursive_sa_moe_cifar']['crossover_step'] is None
     assert reports['recursive_sa_moe_cifar']['mean_sparsity'] == 0.
-
-
-@pytest.fixture
-def unfused_attention():
-    """FLOP counters miss fused attention kernels: count with timm's explicit attention."""
-    previous = timm.layers.config._USE_FUSED_ATTN
-    timm.layers.set_fused_attn(False)
-    yield
-    timm.layers.config._USE_FUSED_ATTN = previous
 
 
 @pytest.mark.parametrize('name,kwargs', [
