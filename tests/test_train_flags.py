@@ -133,3 +133,28 @@ def test_a_bad_config_file_is_a_usage_error_naming_it(text, message, tmp_path, c
         train_script.parse_args(['--config', str(config)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and f'--config {config}: {message}' in err
+
+
+@pytest.mark.parametrize('objective,logged', [('ponder_net', 'halting_kl'), ('act', 'ponder_cost')])
+def test_a_halting_objective_trains_the_halting_head_and_exports_it(objective, logged, tmp_path):
+    import timm
+    import torch
+    run = tmp_path / 'run'
+    assert train_script.main(TINY_RUN + ['--epochs', '1', '--halting', objective, '--output', str(run)]) == 0
+    assert json.loads((run / 'args.json').read_text())['model_kwargs']['halting_head'] is True
+    epoch = json.loads((run / 'metrics.jsonl').read_text().splitlines()[-1])
+    assert epoch[f'train_{logged}'] >= 0
+    model = timm.create_model(f'local-dir:{run / "model"}', pretrained=True).eval()
+    logits, steps = model.forward_adaptive(torch.randn(4, 3, 8, 8), threshold=0.5, criterion='halting')
+    assert logits.shape == (4, 10) and steps.min() >= 1 and steps.max() <= 3
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--halting', 'pondernet'], "argument --halting: invalid choice: 'pondernet'"),
+    (['--halting-lambda-p', '0'], 'argument --halting-lambda-p: must be in (0, 1], got 0'),
+    (['--halting-epsilon', '1.5'], 'argument --halting-epsilon: must be in (0, 1], got 1.5'),
+])
+def test_bad_halting_flags_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_script.parse_args(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

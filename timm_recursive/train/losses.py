@@ -29,7 +29,12 @@ class StepOutputs(nn.Module):
     def num_steps(self) -> int:
         return getattr(self.model, 'num_steps', 1) if hasattr(self.model, 'forward_steps') else 1
 
-    def forward(self, x: torch.Tensor):
+    def forward(self, x: torch.Tensor, halting: bool = False):
+        """With ``halting=True`` (a recursive model built with ``halting_head=True``) it also returns the
+        halting logits of every step (num_steps, B), as ``forward_steps_halting`` gives them."""
+        if halting:
+            logits, halting_logits, aux = self.model.forward_steps_halting(x)
+            return logits, aux, halting_logits
         if hasattr(self.model, 'forward_steps'):
             return self.model.forward_steps(x)
         logits = self.model(x)

@@ -33,7 +33,8 @@ from .files import append_json_line, write_json_atomic
 
 __all__ = [
     'SeededSamples', 'StopRequest', 'EpochMeter', 'RunLoop', 'step_seed', 'run_dir_for', 'add_run_arguments',
-    'describe_hardware', 'positive_int', 'non_negative_int', 'non_negative_float', 'parse_args_with_config',
+    'describe_hardware', 'positive_int', 'non_negative_int', 'non_negative_float', 'unit_interval',
+    'parse_args_with_config',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -173,6 +174,14 @@ def non_negative_int(text: str) -> int:
 def non_negative_float(text: str) -> float:
     """An ``argparse`` type: a number of at least 0 (a learning rate, a weight decay, a loss weight)."""
     return _at_least(text, float, 0.)
+
+
+def unit_interval(text: str) -> float:
+    """An ``argparse`` type: a number in (0, 1] (a probability that must leave room to act)."""
+    value = _at_least(text, float, 0.)
+    if not 0. < value <= 1.:
+        raise argparse.ArgumentTypeError(f'must be in (0, 1], got {text}')
+    return value
 
 
 def parse_args_with_config(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:

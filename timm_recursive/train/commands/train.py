@@ -45,7 +45,7 @@ from timm.utils import ModelEmaV3
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.data import (
     DatasetError, create_dataset_transform, hold_out, resolve_dataset, resolve_model_data_config)
-from timm_recursive.layers import TokenFusionObjective
+from timm_recursive.layers import TokenFusionObjective, act_loss, ponder_net_loss
 from timm_recursive.train.checkpoint import CheckpointError, store_weights_as_timm
 from timm_recursive.train.evaluate import collate_classification, evaluate_steps
 from timm_recursive.train.export import export_model
@@ -54,13 +54,14 @@ from timm_recursive.train.files import write_json_atomic
 from timm_recursive.train.losses import STEP_WEIGHTINGS, StepOutputs, deep_supervision_loss, step_weights
 from timm_recursive.train.run import (
     RunLoop, SeededSamples, add_run_arguments, describe_hardware, non_negative_float, non_negative_int,
-    parse_args_with_config, positive_int, run_dir_for)
+    parse_args_with_config, positive_int, run_dir_for, unit_interval)
 
 _logger = logging.getLogger('train')
 
 # the run configuration a resumed state must match (anything else, e.g. --epochs, may change)
 RESUME_KEYS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'input_size', 'dataset', 'batch_size',
-               'grad_accum_steps', 'opt', 'model_ema', 'seed')
+               'grad_accum_steps', 'opt', 'model_ema', 'seed', 'halting')
+HALTING_OBJECTIVES = ('none', 'ponder_net', 'act')
 AMP_DTYPES = {'float16': 'fp16', 'bfloat16': 'bf16'}
 # timm's schedulers that step every update; plateau steps on an eval metric once per epoch
 SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'constant', 'wsd', 'rsqrt')
@@ -151,6 +152,20 @@ def parse_args(argv=None):
                    help='alpha: weight of L_imp, the [CLS] attention mass outside the kept tokens')
     g.add_argument('--fusion-div-weight', type=non_negative_float, default=0.,
                    help='beta: weight of L_div, the fused tokens\' within-cluster over total dispersion')
+    g = p.add_argument_group(
+        'adaptive halting', 'recursive models: train a learned halting head (built with halting_head=True) whose '
+        'objective replaces deep supervision; forward_adaptive(x, threshold, criterion="halting") then stops each '
+        'image at its own step')
+    g.add_argument('--halting', default='none', choices=HALTING_OBJECTIVES,
+                   help='ponder_net: PonderNet (Banino et al. 2021), the step losses weighted by the halting '
+                   'distribution plus a KL to a geometric prior; act: ACT (Graves 2016), the halting-weighted '
+                   'mean of the step logits plus a ponder cost')
+    g.add_argument('--halting-lambda-p', type=unit_interval, default=0.2,
+                   help='PonderNet: the geometric prior\'s halting probability (about 1/lambda_p steps)')
+    g.add_argument('--halting-beta', type=non_negative_float, default=0.01, help='PonderNet: weight of the KL term')
+    g.add_argument('--halting-tau', type=non_negative_float, default=0.01, help='ACT: weight of the ponder cost')
+    g.add_argument('--halting-epsilon', type=unit_interval, default=0.01,
+                   help='ACT: a step halts once the running halting sum reaches 1 - epsilon')
     g = p.add_argument_group('run')
     g.add_argument('--seeds', '--seed', dest='seeds', type=int, nargs='+', default=[0],
                    help='one run per seed; mean and std reported')
@@ -195,6 +210,8 @@ def architecture_kwargs(args) -> dict:
     under ``--input-size``/``--img-size``: what rebuilds the architecture (recorded in ``args.json``)."""
     import timm
     kwargs = dict(args.model_kwargs)
+    if args.halting != 'none':
+        kwargs['halting_head'] = True
     override = input_size_override(args)
     cfg = timm.models.get_pretrained_cfg(args.model) if timm.is_model(args.model.split('.')[0]) else None
     if override is not None and cfg is not None and cfg.fixed_input_size:
@@ -345,10 +362,20 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
         if mixup is not None:
             x, target = mixup(x, target)
         values = {}
+        smoothing = 0. if mixup is not None else args.label_smoothing
         with accelerator.accumulate(net):
-            step_logits, aux = net(x)
-            ce = deep_supervision_loss(step_logits, target, weights,
-                                       label_smoothing=0. if mixup is not None else args.label_smoothing)
+            if args.halting == 'none':
+                step_logits, aux = net(x)
+                ce = deep_supervision_loss(step_logits, target, weights, label_smoothing=smoothing)
+            else:
+                step_logits, aux, halting_logits = net(x, halting=True)
+                if args.halting == 'ponder_net':
+                    ce, _, values['halting_kl'] = ponder_net_loss(
+                        step_logits, halting_logits, target, args.halting_lambda_p, args.halting_beta, smoothing)
+                else:
+                    ce, _, values['ponder_cost'] = act_loss(
+                        step_logits, halting_logits, target, args.halting_tau, args.halting_epsilon, smoothing)
+                values = {k: v.item() for k, v in values.items()}
             loss = ce + args.aux_loss_coef * aux.float()
             if fusion_objective is not None:
                 fusion_loss, _ = fusion_objective()
@@ -383,6 +410,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
             'epoch': epoch + 1,
             'train_loss': meter.mean('loss'), 'train_ce': meter.mean('ce'), 'train_aux': meter.mean('aux'),
             'train_fusion_loss': meter.mean('fusion_loss'), 'lr': optimizer.param_groups[0]['lr'],
+            **{f'train_{term}': meter.mean(term) for term in ('halting_kl', 'ponder_cost') if term in meter.means()},
             'grad_norm_mean': meter.mean('grad_norm', None), 'grad_norm_max': meter.max('grad_norm'),
             'train_images_per_s': meter.images_per_s,
             'eval_loss': result['loss'], 'eval_top1': result['top1'][-1], 'eval_top5': result['top5'][-1],
