@@ -5,6 +5,7 @@ from typing import Dict
 
 from timm_recursive.analysis.adaptive_halting import threshold_table
 from timm_recursive.analysis.generated_markdown import markdown_table, pct
+from timm_recursive.hub.cards import public_command, strip_local_paths
 
 CRITERIA = ('confidence', 'change')
 
@@ -45,8 +46,8 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     training = json.loads((results / 'training' / 'summary.json').read_text())
     pieces['training_provenance'] = (
         f"trained {training['epochs']} epochs on {training['train_images']} images in "
-        f"{training['wall_time_s'] / 60:.1f} min ({training['hardware']}, {training['dataset_source']}): "
-        f"`{training['command']}`")
+        f"{training['wall_time_s'] / 60:.1f} min ({training['hardware']}, {strip_local_paths(training['dataset_source'])}): "
+        f"`{public_command(training['command'])}`")
     confidence = data['confidence']
     full, match = confidence['fixed'][-1], confidence['matching']
     if match is None:
