@@ -39,7 +39,7 @@ def test_tables_read_the_newest_run_of_each_benchmark(tmp_path):
     assert '123400.0' in after['entmax_speed'] and '123400.0' not in before['entmax_speed']
     assert '`results/9999-newer/entmax_speed.json` | 9999-01-01T00:00:00Z | abc | test | 1 | 1.0 min |' \
         in after['provenance']
-    assert after['tokenfuse_cost'] == before['tokenfuse_cost']
+    assert after['token_fusion_cost'] == before['token_fusion_cost']
     assert '| not recorded | not recorded | not recorded |' in after['provenance']  # the earlier, undated JSON
     assert '\n' not in after['headline']
 

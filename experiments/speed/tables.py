@@ -9,7 +9,7 @@ from typing import Dict, Tuple
 
 from timm_recursive.analysis.generated_markdown import markdown_table
 
-BENCHMARKS = ('efficiency', 'entmax_speed', 'recursive_train_speed', 'tokenfuse_cost', 'compile_speed')
+BENCHMARKS = ('efficiency', 'entmax_speed', 'recursive_train_speed', 'token_fusion_cost', 'compile_speed')
 
 
 def _runs(results: pathlib.Path):
@@ -92,7 +92,7 @@ def across_runs_table(results: pathlib.Path) -> str:
                            'entmax / softmax time, attention operator', 'entmax / softmax time, ViT-S'], rows)
 
 
-def tokenfuse_table(report: dict) -> str:
+def token_fusion_table(report: dict) -> str:
     batches = [key for key in next(iter(report['results'].values())) if key.startswith('batch_')]
     rows = []
     for name, r in report['results'].items():
@@ -137,7 +137,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     found = _latest(results)
     pieces = {'provenance': provenance_table(found), 'across_runs': across_runs_table(results)}
     makers = {'efficiency': efficiency_table, 'entmax_speed': entmax_table, 'recursive_train_speed': train_table,
-              'tokenfuse_cost': tokenfuse_table, 'compile_speed': compile_table}
+              'token_fusion_cost': token_fusion_table, 'compile_speed': compile_table}
     for name, make in makers.items():
         if name in found:
             pieces[name] = make(found[name][0])
@@ -146,7 +146,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         for name in BENCHMARKS if name in found)
     train = found['recursive_train_speed'][0]['results']
     dsa, mlp = train['recursive_dsa_moe_cifar'], train['recursive_sa_mlp_cifar']
-    fuse = found['tokenfuse_cost'][0]['results']
+    fuse = found['token_fusion_cost'][0]['results']
     keep_07 = fuse['deit_s_tokenfuse keep=0.7']
     pieces['headline'] = (
         f'DSA-MoE trains at {dsa["images_per_s"] / mlp["images_per_s"]:.2f}x the images/s of SA-MLP '

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Token fusion ablation measured here: importance / diversity / both at keep 0.5-0.8, off the shelf and fine-tuned.
 
-    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python experiments/token_fusion_ablation/run.py [--out runs/tokenfuse_ablation]
-    cp runs/tokenfuse_ablation/results.json experiments/token_fusion_ablation/results/   # publish, then render
+    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python experiments/token_fusion_ablation/run.py [--out runs/token_fusion_ablation]
+    cp runs/token_fusion_ablation/results.json experiments/token_fusion_ablation/results/   # publish, then render
 
 A small ViT (``deit_t_tokenfuse`` architecture at width 64, 4 heads, depth 6, patch 4 on 28 px:
 49 patch tokens; reductions after blocks 2, 4, 5 counting from 1, EViT's 4/7/10 of 12 scaled to 6)
@@ -115,7 +115,7 @@ def finetune_args(dense_dir: str, fusion_kwargs: List[str], alpha: float, beta: 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--out', default=os.path.join(ROOT, 'runs', 'tokenfuse_ablation'))
+    p.add_argument('--out', default=os.path.join(ROOT, 'runs', 'token_fusion_ablation'))
     p.add_argument('--finetune-samples', type=int, default=1000, help='training images of each fine-tune (1 epoch)')
     p.add_argument('--alpha', type=float, default=0.1, help='weight of L_imp in the fine-tunes')
     p.add_argument('--beta', type=float, default=0.1, help='weight of L_div in the fine-tunes')

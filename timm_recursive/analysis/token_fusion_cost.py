@@ -4,7 +4,7 @@
 ``torch.cdist``: the model is counted with the fused kernel off, and the clustering of every
 recorded reduction (pairwise distances and merges, ``timm_recursive.layers.clustering_macs``) is
 added analytically (the density-peak clustering of Rodriguez & Laio 2014 / Du et al. 2016 is
-O(n^2 d) in the fused tokens). Used by ``benchmarks/tokenfuse_cost.py`` and ``experiments/token_fusion_ablation/run.py``.
+O(n^2 d) in the fused tokens). Used by ``benchmarks/token_fusion_cost.py`` and ``experiments/token_fusion_ablation/run.py``.
 """
 from typing import Dict
 

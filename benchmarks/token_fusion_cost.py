@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cost and speed of token fusion on DeiT-S: GMACs and inference images/s against the plain DeiT-S.
 
-    python benchmarks/tokenfuse_cost.py [--json] [--repeats 5] [--keep-rates 0.5 0.6 0.7 0.8]
+    python benchmarks/token_fusion_cost.py [--json] [--repeats 5] [--keep-rates 0.5 0.6 0.7 0.8]
 
 For ``deit_small_patch16_224`` and ``deit_s_tokenfuse`` at every keep rate (same weights):
 
