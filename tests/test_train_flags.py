@@ -158,3 +158,34 @@ def test_bad_halting_flags_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         train_script.parse_args(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+# timm's DeiT fine-tuning recipe (timm docs / DeiT paper: RandAugment m9, random erasing 0.25,
+# Mixup 0.8 with CutMix 1.0 switched half the time, label smoothing 0.1), as a config file timm users write
+DEIT_RECIPE = ('aa: rand-m9-mstd0.5-inc1\nreprob: 0.25\nremode: pixel\nrecount: 1\ncolor-jitter: 0.3\n'
+               'mixup: 0.8\ncutmix: 1.0\nmixup-prob: 1.0\nmixup-switch-prob: 0.5\nmixup-mode: batch\n'
+               'smoothing: 0.1\nmixup-off-epoch: 1\n')
+
+
+def test_a_deit_recipe_config_trains_with_timm_augmentations(tmp_path):
+    config = tmp_path / 'deit.yaml'
+    config.write_text(DEIT_RECIPE)
+    args = train_script.parse_args(['-c', str(config), '--smoothing', '0.2'])
+    assert (args.aa, args.reprob, args.remode, args.recount) == ('rand-m9-mstd0.5-inc1', 0.25, 'pixel', 1)
+    assert (args.mixup, args.cutmix, args.mixup_switch_prob, args.mixup_mode) == (0.8, 1.0, 0.5, 'batch')
+    assert args.label_smoothing == 0.2 and args.mixup_off_epoch == 1 and args.color_jitter == 0.3
+    run = tmp_path / 'run'
+    assert train_script.main(TINY_RUN + ['-c', str(config), '--epochs', '2', '--output', str(run)]) == 0
+    recorded = json.loads((run / 'args.json').read_text())
+    assert recorded['aa'] == 'rand-m9-mstd0.5-inc1' and recorded['reprob'] == 0.25 and recorded['mixup_off_epoch'] == 1
+    assert len((run / 'metrics.jsonl').read_text().splitlines()) == 2
+
+
+def test_the_train_transform_applies_the_augmentation_flags():
+    import timm
+    from timm_recursive.train.commands.train import train_transform_kwargs
+    args = train_script.parse_args(['--aa', 'rand-m9-mstd0.5-inc1', '--reprob', '0.25'])
+    kwargs = train_transform_kwargs(args)
+    transform = timm.data.create_transform(input_size=(3, 32, 32), is_training=True, **kwargs)
+    names = [type(t).__name__ for t in transform.transforms]
+    assert 'RandAugment' in names and 'RandomErasing' in names

@@ -34,7 +34,7 @@ from .files import append_json_line, write_json_atomic
 __all__ = [
     'SeededSamples', 'StopRequest', 'EpochMeter', 'RunLoop', 'step_seed', 'run_dir_for', 'add_run_arguments',
     'describe_hardware', 'positive_int', 'non_negative_int', 'non_negative_float', 'unit_interval',
-    'parse_args_with_config',
+    'unit_interval_or_zero', 'parse_args_with_config',
 ]
 
 _logger = logging.getLogger(__name__)
@@ -181,6 +181,14 @@ def unit_interval(text: str) -> float:
     value = _at_least(text, float, 0.)
     if not 0. < value <= 1.:
         raise argparse.ArgumentTypeError(f'must be in (0, 1], got {text}')
+    return value
+
+
+def unit_interval_or_zero(text: str) -> float:
+    """An ``argparse`` type: a probability in [0, 1]."""
+    value = _at_least(text, float, 0.)
+    if value > 1.:
+        raise argparse.ArgumentTypeError(f'must be in [0, 1], got {text}')
     return value
 
 

@@ -54,7 +54,7 @@ from timm_recursive.train.files import write_json_atomic
 from timm_recursive.train.losses import STEP_WEIGHTINGS, StepOutputs, deep_supervision_loss, step_weights
 from timm_recursive.train.run import (
     RunLoop, SeededSamples, add_run_arguments, describe_hardware, non_negative_float, non_negative_int,
-    parse_args_with_config, positive_int, run_dir_for, unit_interval)
+    parse_args_with_config, positive_int, run_dir_for, unit_interval, unit_interval_or_zero)
 
 _logger = logging.getLogger('train')
 
@@ -114,6 +114,12 @@ def parse_args(argv=None):
     g.add_argument('--ratio', type=float, nargs=2, default=(3. / 4., 4. / 3.), help='RandomResizedCrop aspect range')
     g.add_argument('--hflip', type=float, default=0.5, help='horizontal flip probability')
     g.add_argument('--no-aug', action='store_true', help='no training augmentation (eval transform)')
+    # DeiT's recipe pieces, under timm train.py's names and defaults (timm.data.create_transform applies them)
+    g.add_argument('--aa', default=None, help='AutoAugment / RandAugment policy, e.g. rand-m9-mstd0.5-inc1')
+    g.add_argument('--color-jitter', type=non_negative_float, default=0.4, help='colour jitter (off with --aa)')
+    g.add_argument('--reprob', type=unit_interval_or_zero, default=0., help='random erasing probability')
+    g.add_argument('--remode', default='pixel', choices=('const', 'rand', 'pixel'), help='random erasing fill')
+    g.add_argument('--recount', type=positive_int, default=1, help='random erasing count')
     g = p.add_argument_group('optimisation')
     g.add_argument('--epochs', type=positive_int, default=20)
     g.add_argument('-b', '--batch-size', type=positive_int, default=128, help='per process, per accumulation step')
@@ -132,10 +138,15 @@ def parse_args(argv=None):
     g.add_argument('--warmup-epochs', type=non_negative_int, default=1)
     g.add_argument('--warmup-lr', type=non_negative_float, default=1e-5)
     g.add_argument('--min-lr', type=non_negative_float, default=1e-5)
-    g.add_argument('--label-smoothing', type=non_negative_float, default=0.1)
+    g.add_argument('--label-smoothing', '--smoothing', type=non_negative_float, default=0.1)
     g.add_argument('--mixup', type=non_negative_float, default=0., help='Mixup alpha (0: off)')
     g.add_argument('--cutmix', type=non_negative_float, default=0., help='CutMix alpha (0: off)')
-    g.add_argument('--mixup-prob', type=float, default=1.0)
+    g.add_argument('--mixup-prob', type=unit_interval_or_zero, default=1.0)
+    g.add_argument('--mixup-switch-prob', type=unit_interval_or_zero, default=0.5,
+                   help='probability of CutMix instead of Mixup when both are on')
+    g.add_argument('--mixup-mode', default='batch', choices=('batch', 'pair', 'elem'))
+    g.add_argument('--mixup-off-epoch', type=non_negative_int, default=0,
+                   help='turn Mixup/CutMix off from this epoch on (0: never)')
     g.add_argument('--model-ema', action='store_true', help='keep an EMA of the weights (timm ModelEmaV3); '
                    'it is evaluated and exported instead of the raw weights')
     g.add_argument('--model-ema-decay', type=float, default=0.999)
@@ -242,6 +253,12 @@ def create_model(args, num_classes: int):
     return model, in_chans
 
 
+def train_transform_kwargs(args) -> dict:
+    """The training augmentation options, as ``timm.data.create_transform`` takes them."""
+    return dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip, auto_augment=args.aa,
+                color_jitter=args.color_jitter, re_prob=args.reprob, re_mode=args.remode, re_count=args.recount)
+
+
 def tracker_values(values: dict) -> dict:
     """``values`` as trackers take them: numbers and strings, lists spread into one key per element."""
     flat = {}
@@ -305,8 +322,8 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     model, run_config['in_chans'] = create_model(args, num_classes)
     override = input_size_override(args)
     run_config['input_size'] = [run_config['in_chans'], *override[1]] if override else None
-    train_tf = create_dataset_transform(model, splits, is_training=not args.no_aug, **(
-        {} if args.no_aug else dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip)))
+    train_tf = create_dataset_transform(model, splits, is_training=not args.no_aug,
+                                        **({} if args.no_aug else train_transform_kwargs(args)))
     eval_tf = create_dataset_transform(model, splits, is_training=False)
     train_ds = SeededSamples(splits.train, train_tf, seed)
     eval_ds = splits.eval.with_transform(eval_tf)
@@ -347,6 +364,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     mixup = None
     if args.mixup > 0 or args.cutmix > 0:
         mixup = Mixup(mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, prob=args.mixup_prob,
+                      switch_prob=args.mixup_switch_prob, mode=args.mixup_mode,
                       label_smoothing=args.label_smoothing, num_classes=num_classes)
     num_steps = accelerator.unwrap_model(net).num_steps
     weights = step_weights(num_steps, args.step_weighting)
@@ -359,10 +377,12 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
         x, target = batch['pixel_values'], batch['label']
         if args.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        if mixup is not None:
+        if mixup is not None and args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
+            mixup.mixup_enabled = False  # as timm's train.py: plain labels (still smoothed) from then on
+        if mixup is not None and mixup.mixup_enabled:
             x, target = mixup(x, target)
         values = {}
-        smoothing = 0. if mixup is not None else args.label_smoothing
+        smoothing = 0. if mixup is not None and mixup.mixup_enabled else args.label_smoothing  # Mixup smooths
         with accelerator.accumulate(net):
             if args.halting == 'none':
                 step_logits, aux = net(x)
