@@ -189,3 +189,25 @@ def test_the_train_transform_applies_the_augmentation_flags():
     transform = timm.data.create_transform(input_size=(3, 32, 32), is_training=True, **kwargs)
     names = [type(t).__name__ for t in transform.transforms]
     assert 'RandAugment' in names and 'RandomErasing' in names
+
+
+def test_timm_optimizer_scheduler_and_ema_options_reach_their_objects(tmp_path, monkeypatch):
+    seen = {}
+
+    def record(key, factory):  # the keyword arguments train passes to a timm factory
+        monkeypatch.setattr(train_script, factory, lambda *a, _f=getattr(train_script, factory), **k:
+                            seen.setdefault(key, k) and _f(*a, **k))
+
+    record('opt', 'create_optimizer_v2')
+    record('sched', 'create_scheduler_v2')
+    record('ema', 'ModelEmaV3')
+    assert train_script.main(TINY_RUN + [
+        '--epochs', '1', '--opt', 'sgd', '--momentum', '0.8', '--sched', 'step', '--decay-epochs', '2',
+        '--decay-rate', '0.5', '--model-ema', '--model-ema-warmup', '--checkpoint-hist', '1',
+        '--output', str(tmp_path / 'run')]) == 0
+    assert seen['opt']['momentum'] == 0.8 and 'eps' not in seen['opt']
+    assert (seen['sched']['decay_epochs'], seen['sched']['decay_rate']) == (2, 0.5)
+    assert seen['ema']['use_warmup'] is True
+    assert len(list((tmp_path / 'run' / 'checkpoints').iterdir())) == 1
+    args = train_script.parse_args(['--opt-eps', '1e-6', '--opt-betas', '0.9', '0.95'])
+    assert args.opt_eps == 1e-6 and args.opt_betas == [0.9, 0.95]

@@ -250,7 +250,7 @@ def add_run_arguments(group, default_output: str) -> None:
                             'OUTPUT-1, OUTPUT-2, ... is used instead')
     group.add_argument('--resume', nargs='?', const='auto', default=None,
                        help='continue from the newest state in the run folder, or from the given state folder')
-    group.add_argument('--keep-states', type=positive_int, default=2,
+    group.add_argument('--keep-states', '--checkpoint-hist', dest='keep_states', type=positive_int, default=2,
                        help='training states of this run kept in checkpoints/ (at least 1)')
     group.add_argument('--no-progress', action='store_true', help='no progress bars')
 

@@ -128,6 +128,11 @@ def parse_args(argv=None):
     g.add_argument('--opt', default='adamw')
     g.add_argument('--lr', type=non_negative_float, default=1e-3)
     g.add_argument('--weight-decay', type=non_negative_float, default=0.05)
+    g.add_argument('--momentum', type=non_negative_float, default=0.9, help='SGD momentum (timm\'s default)')
+    g.add_argument('--opt-eps', type=non_negative_float, default=None,
+                   help='optimizer epsilon (default: the optimizer\'s)')
+    g.add_argument('--opt-betas', type=unit_interval_or_zero, nargs='+', default=None,
+                   help='optimizer betas (default: the optimizer\'s)')
     g.add_argument('--layer-decay', type=float, default=None,
                    help='layer-wise learning-rate decay (timm\'s, through the model\'s group_matcher)')
     g.add_argument('--clip-grad', type=non_negative_float, default=1.0,
@@ -138,6 +143,8 @@ def parse_args(argv=None):
     g.add_argument('--warmup-epochs', type=non_negative_int, default=1)
     g.add_argument('--warmup-lr', type=non_negative_float, default=1e-5)
     g.add_argument('--min-lr', type=non_negative_float, default=1e-5)
+    g.add_argument('--decay-epochs', type=non_negative_float, default=90, help='step/multistep: epochs between decays')
+    g.add_argument('--decay-rate', type=non_negative_float, default=0.1, help='step/multistep: the decay factor')
     g.add_argument('--label-smoothing', '--smoothing', type=non_negative_float, default=0.1)
     g.add_argument('--mixup', type=non_negative_float, default=0., help='Mixup alpha (0: off)')
     g.add_argument('--cutmix', type=non_negative_float, default=0., help='CutMix alpha (0: off)')
@@ -150,6 +157,7 @@ def parse_args(argv=None):
     g.add_argument('--model-ema', action='store_true', help='keep an EMA of the weights (timm ModelEmaV3); '
                    'it is evaluated and exported instead of the raw weights')
     g.add_argument('--model-ema-decay', type=float, default=0.999)
+    g.add_argument('--model-ema-warmup', action='store_true', help='warm the EMA decay up over the first updates')
     g.add_argument('--step-weighting', default='uniform', choices=STEP_WEIGHTINGS,
                    help='weights of the per-step losses (recursive models)')
     g.add_argument('--aux-loss-coef', type=non_negative_float, default=0.01,
@@ -345,8 +353,10 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     net = StepOutputs(model)
     if args.torchcompile:
         net.compile(backend=args.torchcompile)  # in place: state dict keys (and saved states) unchanged
+    optimizer_kwargs = {name: value for name, value in (('eps', args.opt_eps), ('betas', args.opt_betas))
+                        if value is not None}
     optimizer = create_optimizer_v2(model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay,
-                                    layer_decay=args.layer_decay)
+                                    momentum=args.momentum, layer_decay=args.layer_decay, **optimizer_kwargs)
     net, optimizer, train_loader, eval_loader = accelerator.prepare(net, optimizer, train_loader, eval_loader)
     if select_loader is not None:
         select_loader = accelerator.prepare(select_loader)
@@ -354,10 +364,12 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     updates_per_epoch = max(1, len(train_loader) // args.grad_accum_steps)
     scheduler, _ = create_scheduler_v2(
         optimizer, sched=args.sched, num_epochs=args.epochs, warmup_epochs=args.warmup_epochs,
-        warmup_lr=args.warmup_lr, min_lr=args.min_lr, step_on_epochs=False, updates_per_epoch=updates_per_epoch)
+        warmup_lr=args.warmup_lr, min_lr=args.min_lr, decay_epochs=args.decay_epochs, decay_rate=args.decay_rate,
+        step_on_epochs=False, updates_per_epoch=updates_per_epoch)
     ema = None
     if args.model_ema:
-        ema = ModelEmaV3(accelerator.unwrap_model(net).model, decay=args.model_ema_decay)
+        ema = ModelEmaV3(accelerator.unwrap_model(net).model, decay=args.model_ema_decay,
+                         use_warmup=args.model_ema_warmup)
         loop.modules['model_ema.safetensors'] = ema.module
     ema_net = StepOutputs(ema.module) if ema is not None else None
 
