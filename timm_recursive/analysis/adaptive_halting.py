@@ -187,23 +187,21 @@ def main(argv=None) -> int:
     from timm_recursive.data import create_dataset_transform, resolve_dataset
     from timm_recursive.models.recursive_classifier import HALTING_CRITERIA
     from timm_recursive.train import add_model_arguments, model_from_arguments
+    from timm_recursive.train.run import positive_int
 
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
     add_model_arguments(p)
     p.add_argument('--dataset', default='fashion_mnist')
-    p.add_argument('--eval-samples', type=int, default=5000, help='first evaluation images measured')
+    p.add_argument('--eval-samples', type=positive_int, default=5000, help='first evaluation images measured')
     p.add_argument('--criterion', default='confidence', choices=HALTING_CRITERIA)
     p.add_argument('--thresholds', type=float, nargs='+', required=True, help='halting thresholds, each in (0, 1]')
-    p.add_argument('--batch-size', type=int, default=500)
-    p.add_argument('--timing-images', type=int, default=1000, help='first evaluation images timed')
-    p.add_argument('--repeats', type=int, default=5, help='interleaved timing repeats (median)')
+    p.add_argument('--batch-size', type=positive_int, default=500)
+    p.add_argument('--timing-images', type=positive_int, default=1000, help='first evaluation images timed')
+    p.add_argument('--repeats', type=positive_int, default=5, help='interleaved timing repeats (median)')
     p.add_argument('--markdown', action='store_true', help='print a markdown table instead of JSON')
     args = p.parse_args(argv)
     if args.checkpoint is None and not args.pretrained:
         p.error('halting is measured on trained weights: give --checkpoint, or --model with --pretrained')
-    for name in ('eval_samples', 'batch_size', 'timing_images', 'repeats'):
-        if getattr(args, name) < 1:
-            p.error(f'--{name.replace("_", "-")} must be positive, got {getattr(args, name)}')
 
     started = time.perf_counter()
 

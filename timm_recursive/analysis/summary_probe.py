@@ -87,19 +87,19 @@ def main(argv=None) -> int:
     from timm_recursive.analysis.images import labelled_batches
     from timm_recursive.data import create_dataset_transform, resolve_dataset
     from timm_recursive.train import add_model_arguments, model_from_arguments
+    from timm_recursive.train.run import positive_int
 
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
     add_model_arguments(p)
     p.add_argument('--dataset', default='fashion_mnist')
-    p.add_argument('--train-samples', type=int, default=6000, help='first training images the probes are fitted on')
-    p.add_argument('--eval-samples', type=int, default=5000, help='first evaluation images they are scored on')
+    p.add_argument('--train-samples', type=positive_int, default=6000, help='first training images the probes are fitted on')
+    p.add_argument('--eval-samples', type=positive_int, default=5000,
+                   help='first evaluation images they are scored on')
     p.add_argument('--seed', type=int, default=0, help="seed of the MLP probe's initialisation")
     p.add_argument('--markdown', action='store_true', help='print a markdown table instead of JSON')
     args = p.parse_args(argv)
     if args.checkpoint is None and not args.pretrained:
         p.error('probes need trained weights: give --checkpoint, or --model with --pretrained')
-    if args.train_samples < 1 or args.eval_samples < 1:
-        p.error('--train-samples and --eval-samples must be positive')
 
     def measure():
         splits = resolve_dataset(args.dataset)
