@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+from timm_recursive.train.files import write_json_atomic
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,9 +35,7 @@ def main(argv=None) -> int:
                          'pretraining': r['summary'], 'linear': r['linear'], 'segment': r['segment'],
                          'segment_cls': r['segment_cls']} for variant, r in rows.items()}
     path = os.path.join(root, 'results.json')
-    with open(path + '.tmp', 'w') as f:
-        json.dump(results, f, indent=2)
-    os.replace(path + '.tmp', path)
+    write_json_atomic(path, results)
     print(f'wrote {path} ({", ".join(results)})')
     return 0
 
