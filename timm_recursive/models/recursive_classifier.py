@@ -482,8 +482,7 @@ class RecursiveClassifier(nn.Module):
             weighted router z-) loss averaged over all MoE layer calls, 0 for MLP models. Use it for
             deep supervision (a loss on every step) and per-step accuracy.
         """
-        if self.num_classes == 0 or self.global_pool == '':
-            raise RuntimeError('forward_steps needs a classifier and pooling (num_classes > 0, global_pool != "")')
+        self._check_readout('forward_steps')
         tokens, step_logits, aux = self._recurse(self._encode(x), self.grad_window)
         step_logits.append(self.forward_head(tokens.unsqueeze(1)))
         return torch.stack(step_logits), aux
