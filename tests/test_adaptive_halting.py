@@ -136,6 +136,35 @@ def test_halting_off_is_bit_for_bit_unchanged(images):
     assert torch.equal(steps_plain, steps_head) and torch.equal(aux_plain, aux_head)
 
 
+def test_halt_threshold_makes_eval_forward_stop_early(spread_model, images, fixed_steps):
+    """``halt_threshold`` turns eval-mode ``forward`` into the early exit; training and scripting keep the recursion."""
+    signal, reached_at = _criterion_reference('confidence', *fixed_steps[:2])
+    threshold = _spread_threshold(signal, reached_at)
+    early = _model(halting_head=True, halt_threshold=threshold)
+    early.load_state_dict(spread_model.state_dict())
+    expected, steps = spread_model.forward_adaptive(images, threshold=threshold)
+    assert len(steps.unique()) >= 2
+    with torch.no_grad():
+        assert torch.equal(early(images), expected)
+        early.set_halting(None)
+        assert torch.equal(early(images), spread_model(images))
+        early.set_halting(threshold)
+        early.train()  # batch statistics: the fixed recursion, not the early exit
+        assert torch.equal(early(images), early.forward_head(early.forward_features(images)))
+    early.eval()
+    scripted = torch.jit.script(early)  # TorchScript keeps the fixed recursion
+    with torch.no_grad():
+        fixed = early.forward_head(early.forward_features(images))
+        torch.testing.assert_close(scripted(images), fixed, rtol=1e-5, atol=1e-5)
+        assert not torch.equal(early(images), fixed)
+    with pytest.raises(ValueError, match=r'threshold must be a number in \(0, 1\], got 2'):
+        _model(halt_threshold=2)
+    with pytest.raises(ValueError, match="criterion 'halting' needs a model built with halting_head=True"):
+        _model(halt_threshold=0.5, halt_criterion='halting')
+    with pytest.raises(ValueError, match='halt_criterion must be one of'):
+        _model(halt_criterion='entropy')
+
+
 @pytest.mark.parametrize('threshold', [0, 0., -0.1, 1.5, math.nan, '0.5', True])
 def test_bad_threshold_is_a_clear_error(spread_model, images, threshold):
     with pytest.raises(ValueError, match=rf'threshold must be a number in \(0, 1\], got {threshold!r}'):

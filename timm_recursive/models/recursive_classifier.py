@@ -207,6 +207,12 @@ class RecursiveClassifier(nn.Module):
         drop_path_rate: stochastic depth, linearly increasing over the blocks.
         halting_head: add a learned halting head (``forward_steps_halting``, ``forward_adaptive``'s
             criterion 'halting'); off by default, so the parameters and outputs are those without it.
+        halt_threshold: early exit of ``forward`` at inference: in eval mode ``forward`` returns
+            ``forward_adaptive(x, halt_threshold, criterion=halt_criterion)``'s logits, each image
+            stopping at its own step (training, ``forward_steps``, TorchScript and export keep the
+            fixed recursion). None (default): ``forward`` always runs ``num_steps`` steps.
+        halt_criterion: ``forward_adaptive``'s criterion for ``halt_threshold``: 'confidence',
+            'change' or 'halting' (the last needs ``halting_head=True``).
     """
     # the token layout's indices where TorchScript reads them (it cannot read module-level ints)
     summary_role: Final[int] = SUMMARY
@@ -240,6 +246,8 @@ class RecursiveClassifier(nn.Module):
             attn_drop_rate: float = 0.,
             drop_path_rate: float = 0.,
             halting_head: bool = False,
+            halt_threshold: Optional[float] = None,
+            halt_criterion: str = 'confidence',
             device=None,
             dtype=None,
     ):
@@ -305,6 +313,7 @@ class RecursiveClassifier(nn.Module):
         self.reset_classifier(num_classes)
         # created last, so that the other weights of a seeded model are the same with or without it
         self.halting_head = HaltingHead(embed_dim, **dd) if halting_head else None
+        self.set_halting(halt_threshold, halt_criterion)
 
     def init_weights(self) -> None:
         # The initial hypothesis and latent, like the class embeddings and the later latents (layer
@@ -504,6 +513,15 @@ class RecursiveClassifier(nn.Module):
         step_logits.append(self.forward_head(tokens.unsqueeze(1)))
         return torch.stack(step_logits), self.halting_head(torch.stack(states)), aux
 
+    def set_halting(self, threshold: Optional[float], criterion: str = 'confidence') -> None:
+        """Make eval-mode ``forward`` stop each image early (``threshold``), or not (None); see ``halt_threshold``."""
+        if threshold is not None:
+            self._check_adaptive_arguments(criterion, threshold, None)
+        else:
+            _check_choice('halt_criterion', criterion, HALTING_CRITERIA)
+        self.halt_threshold = threshold
+        self.halt_criterion = criterion
+
     def _check_readout(self, method: str) -> None:
         if self.num_classes == 0 or self.global_pool == '':
             raise RuntimeError(f'{method} needs a classifier and pooling (num_classes > 0, global_pool != "")')
@@ -608,7 +626,13 @@ class RecursiveClassifier(nn.Module):
         assert out is not None
         return out, steps
 
+    @torch.jit.unused
+    def _forward_early_exit(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_adaptive(x, self.halt_threshold, criterion=self.halt_criterion)[0]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.halt_threshold is not None and not self.training and not torch.jit.is_scripting():
+            return self._forward_early_exit(x)
         return self.forward_head(self.forward_features(x))
 
 
