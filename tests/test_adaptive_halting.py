@@ -273,6 +273,16 @@ def test_study_command(tmp_path, capsys):
     assert low['macs_per_image'] == result['fixed'][0]['macs_per_image']
     assert list(low['vs_fixed']) == ['1', '4'] and low['vs_fixed']['1'] == {'gain': 0.0, 'ci95': 0.0}
     assert result['matching'] is None or result['matching']['top1'] >= result['fixed'][-1]['top1']
+    # every image halts at step 1 at threshold 0.1: nothing runs on, no image is hard
+    assert low['still_running'] == [{'step': 1, 'images': 120, 'top1_step1': result['fixed'][0]['top1'],
+                                     'top1': result['fixed'][0]['top1']}]
+    assert low['hard_images'] == {'images': 0}
+    running = [s['images'] for s in high['still_running']]
+    assert running[0] == 120 and running == sorted(running, reverse=True) and len(running) == high['max_steps']
+    assert running[1:] == [sum(high['step_histogram'][t:]) for t in range(1, len(running))]
+    assert high['hard_images']['images'] == 120 - high['step_histogram'][0]
+    from timm_recursive.analysis.adaptive_halting import still_running_table
+    assert still_running_table(result, 0.99).splitlines()[2].startswith('| 1 | 120 |')
     assert {'date', 'commit', 'machine', 'wall_s'} <= set(result) and result['checkpoint_epoch'] is None
     assert main(args + ['--thresholds', '0.5', '--markdown']) == 0
     assert '| confidence 0.5 |' in capsys.readouterr().out

@@ -9,7 +9,11 @@ image stops at its own step; halted images leave the batch), on the first evalua
 * multiply-adds per image, each image counted at its own steps and sequence lengths
   (``efficiency.adaptive_macs``), and their ratio to the full fixed recursion;
 * images/s of the adaptive forward and of ``model(x)`` (the full fixed recursion), timed in
-  interleaved repeats (median; ``timing.time_interleaved``) on the first ``--timing-images``.
+  interleaved repeats (median; ``timing.time_interleaved``) on the first ``--timing-images``;
+* whether the later steps refine the images that need them (``still_running``): at every step t,
+  the images still running there (steps used >= t) and their fixed readouts' accuracy at step 1 and
+  at step t; and on the hard images (those not halted at step 1) the paired difference between
+  their answer at their halting step and at step 1 (``hard_images``).
 
 ``matching`` names the cheapest threshold (fewest multiply-adds) whose accuracy is at least the
 full recursion's, with its MAC and images/s ratios.
@@ -30,7 +34,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ['fixed_step_predictions', 'adaptive_predictions', 'halting_study', 'threshold_table', 'COMPARED_STEPS']
+__all__ = ['fixed_step_predictions', 'adaptive_predictions', 'still_running', 'halting_study', 'threshold_table',
+           'still_running_table', 'COMPARED_STEPS']
 
 COMPARED_STEPS = (1, 4, 8, 16)  # the fixed readouts each threshold is compared with (those the model has)
 
@@ -58,6 +63,27 @@ def _paired(adaptive_right: torch.Tensor, fixed_right: torch.Tensor) -> Dict[str
     regressed = float((~adaptive_right & fixed_right).sum()) / n
     gain, half_width = paired_gain(corrected, regressed, n)
     return {'gain': round(100. * gain, 2), 'ci95': round(100. * half_width, 2)}
+
+
+def still_running(fixed_right: torch.Tensor, right: torch.Tensor, steps: torch.Tensor) -> Dict[str, object]:
+    """Per step t, the images with ``steps >= t`` and their fixed readouts' top-1 at step 1 and at step t
+    (``fixed_right``: (num_steps, N) correctness); on the images that ran past step 1, the paired
+    difference of their halted answers (``right``) from step 1's."""
+    per_step = []
+    for t in range(1, int(steps.max()) + 1):
+        running = steps >= t
+        per_step.append({'step': t, 'images': int(running.sum()),
+                         'top1_step1': round(100. * float(fixed_right[0][running].float().mean()), 2),
+                         'top1': round(100. * float(fixed_right[t - 1][running].float().mean()), 2)})
+    hard = steps > 1
+    hard_images = {'images': int(hard.sum())}
+    if hard.any():
+        hard_images.update({
+            'top1_step1': round(100. * float(fixed_right[0][hard].float().mean()), 2),
+            'top1_halted': round(100. * float(right[hard].float().mean()), 2),
+            'vs_step1': _paired(right[hard], fixed_right[0][hard]),
+        })
+    return {'still_running': per_step, 'hard_images': hard_images}
 
 
 def halting_study(
@@ -99,6 +125,7 @@ def halting_study(
             'macs_per_image': round(statistics.fmean(macs)),
             'macs_ratio': round(statistics.fmean(macs) / full_macs, 4),
             'vs_fixed': {str(s): _paired(right, fixed_right[s - 1]) for s in compared},
+            **still_running(fixed_right, right, steps),
         })
 
     def infer(threshold=None):
@@ -151,6 +178,16 @@ def threshold_table(result: Dict[str, object]) -> str:
                          f"{result['fixed_images_per_s']:.0f}" if f['steps'] == result['num_steps'] else '',
                          '1.00x' if f['steps'] == result['num_steps'] else ''])
     return markdown_table(header, rows)
+
+
+def still_running_table(result: Dict[str, object], threshold: float) -> str:
+    """Markdown: for one threshold, per step, the images still running and their accuracy at step 1 and there."""
+    from timm_recursive.analysis.generated_markdown import markdown_table, pct
+    row = next(r for r in result['thresholds'] if r['threshold'] == threshold)
+    rows = [[s['step'], s['images'], pct(s['top1_step1']), pct(s['top1']), f"{s['top1'] - s['top1_step1']:+.2f}"]
+            for s in row['still_running']]
+    return markdown_table(['step t', 'images still running', 'their top-1 at step 1 (%)', 'their top-1 at step t (%)',
+                           'difference (points)'], rows)
 
 
 def _commit() -> Optional[str]:
