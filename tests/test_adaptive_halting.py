@@ -286,7 +286,9 @@ def test_study_command(tmp_path, capsys):
     assert {'date', 'commit', 'machine', 'wall_s'} <= set(result) and result['checkpoint_epoch'] is None
     assert main(args + ['--thresholds', '0.5', '--markdown']) == 0
     assert '| confidence 0.5 |' in capsys.readouterr().out
-    assert main(args + ['--thresholds', '1.5']) == 2
+    with pytest.raises(SystemExit) as exit_status:
+        main(args + ['--thresholds', '1.5'])
+    assert exit_status.value.code == 2
     assert 'threshold must be a number in (0, 1], got 1.5' in capsys.readouterr().err
 
 
@@ -297,3 +299,30 @@ def test_halting_losses_take_soft_targets():
     one_hot = torch.nn.functional.one_hot(target, 4).float()
     for loss in (ponder_net_loss, act_loss):
         torch.testing.assert_close(loss(logits, halting_logits, one_hot)[0], loss(logits, halting_logits, target)[0])
+
+
+def test_evaluate_measures_halting(tmp_path, capsys):
+    """timm-recursive-evaluate --halting-thresholds adds the per-threshold table and a 'halting' entry."""
+    import argparse
+    import json
+    from timm_recursive.analysis.adaptive_halting import check_halting_arguments
+    from timm_recursive.train import export_model
+    from timm_recursive.train.commands import evaluate
+    torch.manual_seed(0)
+    export_model(timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=1, num_steps=4), str(tmp_path / 'm'))
+    args = ['--checkpoint', str(tmp_path / 'm'), '--dataset', 'digits', '--max-eval-samples', '60', '-b', '25']
+    out = tmp_path / 'results.json'
+    assert evaluate.main(args + ['--halting-thresholds', '0.1', '0.99', '--halting-timing-images', '25',
+                                 '--halting-repeats', '1', '--results-file', str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert '| confidence 0.1 |' in printed and '| confidence 0.99 |' in printed
+    halting = json.loads(out.read_text())['halting']
+    assert [r['threshold'] for r in halting['thresholds']] == [0.1, 0.99] and halting['eval_images'] == 60
+    assert halting['timing']['images'] == 25
+    assert evaluate.main(args + ['--halting-thresholds', '0.5', '--halting-criterion', 'halting']) == 2
+    assert "criterion 'halting' needs a model built with halting_head=True" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluate.main(args + ['--halting-thresholds', '0'])
+    assert 'threshold must be a number in (0, 1], got 0.0' in capsys.readouterr().err
+    with pytest.raises(ValueError, match='needs a recursive classifier, not Linear'):
+        check_halting_arguments(torch.nn.Linear(2, 2), argparse.Namespace(halting_thresholds=[0.5]))

@@ -109,5 +109,13 @@ def test_report_runs_end_to_end_and_writes_every_file(tmp_path, capsys):
     assert main(['--model', 'recursive_sa_mlp_tiny', '--dataset', 'digits', '--num-images', '20', '--out', str(mlp),
                  '--no-progress']) == 0
     assert not (mlp / 'expert_routing.png').exists() and 'No MoE layer' in (mlp / 'report.md').read_text()
+    assert 'Adaptive halting' not in report and not (out / 'halting.json').exists()
+    halted = tmp_path / 'halted'
+    assert main(['--model', 'recursive_sa_mlp_tiny', '--model-kwargs', 'num_steps=4', '--dataset', 'digits',
+                 '--num-images', '20', '--out', str(halted), '--no-progress', '--halting-thresholds', '0.1', '0.9',
+                 '--halting-repeats', '1']) == 0
+    report = (halted / 'report.md').read_text()
+    assert '## Adaptive halting' in report and '| confidence 0.1 |' in report and '| confidence 0.9 |' in report
+    assert [r['threshold'] for r in json.loads((halted / 'halting.json').read_text())['thresholds']] == [0.1, 0.9]
     assert main(['--model', 'resnet10t', '--dataset', 'digits', '--out', str(tmp_path / 'x')]) == 2
     assert 'need a RecursiveClassifier' in capsys.readouterr().err

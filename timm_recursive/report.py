@@ -15,7 +15,9 @@ the evaluation split and writes to ``--out``: ``trace.json``, ``report.md`` and 
 ``role_attention.png`` (query-role x key-role attention mass per layer, at several steps),
 ``expert_routing.png`` (expert x step share per token role and MoE layer; MoE models only) and
 ``prediction_changes.png`` (how often the prediction changes between steps: corrections,
-regressions, wrong to other wrong).
+regressions, wrong to other wrong). With ``--halting-thresholds`` it also measures adaptive
+halting on the same images (``timm_recursive.analysis.adaptive_halting``) into ``halting.json``
+and a report section: per threshold, accuracy, steps per image, multiply-adds, images/s.
 """
 import argparse
 import os
@@ -173,7 +175,22 @@ def plot_prediction_changes(trace: RecursionTrace, path: str) -> None:
     _save(fig, path)
 
 
-def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: bool) -> str:
+def _halting_markdown(halting: dict) -> List[str]:
+    from timm_recursive.analysis.adaptive_halting import threshold_table
+    lines = ['## Adaptive halting', '',
+             f"`forward_adaptive` with the {halting['criterion']} criterion on the same {halting['eval_images']} images: "
+             'each image stops at its own step. Paired differences from the fixed readouts with their 95% intervals; '
+             f"images/s timed on {halting['timing']['images']} images against the full recursion (`halting.json`).", '',
+             threshold_table(halting), '']
+    if halting['matching']:
+        m = halting['matching']
+        lines += [f"Cheapest threshold at the full recursion's accuracy: {m['threshold']:g} ({m['top1']:.2f}%, "
+                  f"{m['mean_steps']:.2f} steps per image, {m['macs_ratio']:.3f}x the multiply-adds, "
+                  f"{m['speedup']:.2f}x the images/s).", '']
+    return lines
+
+
+def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: bool, halting: Optional[dict] = None) -> str:
     lines = [f'# Recursion report: {trace.model}', '', f'{trace.num_images} images of {source}.', '',
              f'Command: `{command}`', '', '## Per step', '',
              '| step | tokens | top-1 (%) | confidence (%) | changed (%) | corrections (%) | regressions (%) |',
@@ -221,12 +238,19 @@ def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: boo
         lines += ['', '![expert routing](expert_routing.png)', '']
     else:
         lines += ['## Expert routing', '', 'No MoE layer: `expert_routing.png` is not written.', '']
+    if halting is not None:
+        lines += _halting_markdown(halting)
     return '\n'.join(lines)
 
 
-def write_report(trace: RecursionTrace, out: str, command: str = '', source: str = '') -> List[str]:
-    """``trace.json``, ``report.md`` and the plots under ``out``; returns the files written."""
+def write_report(trace: RecursionTrace, out: str, command: str = '', source: str = '',
+                 halting: Optional[dict] = None) -> List[str]:
+    """``trace.json``, ``report.md``, the plots and ``halting.json`` (when measured) under ``out``; returns
+    the files written."""
+    from timm_recursive.train.files import write_json_atomic
     os.makedirs(out, exist_ok=True)
+    if halting is not None:
+        write_json_atomic(os.path.join(out, 'halting.json'), halting)
     trace.save(os.path.join(out, 'trace.json'))
     plot_accuracy(trace, os.path.join(out, 'accuracy_per_step.png'))
     plot_sparsity(trace, os.path.join(out, 'sparsity_per_step.png'))
@@ -234,12 +258,14 @@ def write_report(trace: RecursionTrace, out: str, command: str = '', source: str
     has_routing = plot_expert_routing(trace, os.path.join(out, 'expert_routing.png'))
     plot_prediction_changes(trace, os.path.join(out, 'prediction_changes.png'))
     with open(os.path.join(out, 'report.md'), 'w') as f:
-        f.write(_markdown(trace, command, source, has_routing))
-    return ['trace.json', 'report.md'] + [p for p in PLOTS if has_routing or p != 'expert_routing.png']
+        f.write(_markdown(trace, command, source, has_routing, halting))
+    return (['trace.json', 'report.md'] + [p for p in PLOTS if has_routing or p != 'expert_routing.png']
+            + (['halting.json'] if halting is not None else []))
 
 
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401  registers the models
+    from timm_recursive.analysis.adaptive_halting import add_halting_arguments, check_halting_arguments, measure_halting
     from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
     from timm_recursive.train import CheckpointError, add_model_arguments, collate_classification, model_from_arguments
 
@@ -252,6 +278,7 @@ def main(argv=None) -> int:
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     p.add_argument('--out', required=True)
     p.add_argument('--no-progress', action='store_true')
+    add_halting_arguments(p)
     args = p.parse_args(argv)
     if args.model is None and args.checkpoint is None:
         p.error('give --model (with --pretrained) and/or --checkpoint')
@@ -261,6 +288,7 @@ def main(argv=None) -> int:
         trace_name = args.model or model.pretrained_cfg.get('architecture', '')
         model = model.to(args.device).eval()
         RecursionTracer(model)  # fails early, with a clear error, for other models
+        check_halting_arguments(model, args)
     except (DatasetError, CheckpointError, TypeError, ValueError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
@@ -269,7 +297,8 @@ def main(argv=None) -> int:
     loader = DataLoader(dataset, batch_size=args.batch_size, collate_fn=collate_classification)
     trace = trace_dataset(model, loader, trace_name, progress=not args.no_progress, device=args.device)
     command = 'python -m timm_recursive.report ' + ' '.join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    written = write_report(trace, args.out, command, f'{args.dataset} ({splits.source}), evaluation split')
+    halting = measure_halting(model, loader, args, args.device) if args.halting_thresholds else None
+    written = write_report(trace, args.out, command, f'{args.dataset} ({splits.source}), evaluation split', halting)
     if trace.accuracy is not None:
         print('top-1 per step: ' + ' '.join(f'{100 * a:.2f}' for a in trace.accuracy))
     print(f'wrote {", ".join(written)} to {args.out}')

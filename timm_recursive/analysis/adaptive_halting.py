@@ -35,7 +35,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 __all__ = ['fixed_step_predictions', 'adaptive_predictions', 'still_running', 'halting_study', 'threshold_table',
-           'still_running_table', 'COMPARED_STEPS']
+           'still_running_table', 'add_halting_arguments', 'check_halting_arguments', 'measure_halting',
+           'COMPARED_STEPS']
 
 COMPARED_STEPS = (1, 4, 8, 16)  # the fixed readouts each threshold is compared with (those the model has)
 
@@ -190,6 +191,51 @@ def still_running_table(result: Dict[str, object], threshold: float) -> str:
                            'difference (points)'], rows)
 
 
+def halting_threshold(text: str) -> float:
+    """argparse type: a halting threshold in (0, 1]."""
+    from timm_recursive.layers.adaptive_halting import check_threshold
+    try:
+        return check_threshold(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_halting_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options with which ``timm-recursive-evaluate`` and ``timm_recursive.report`` measure adaptive halting."""
+    from timm_recursive.models.recursive_classifier import HALTING_CRITERIA
+    from timm_recursive.train.run import positive_int
+    g = parser.add_argument_group('adaptive halting', 'recursive models: measure forward_adaptive per threshold '
+                                  '(accuracy, steps per image, multiply-adds per image, images/s against 16 fixed steps)')
+    g.add_argument('--halting-thresholds', type=halting_threshold, nargs='+', default=None, metavar='T',
+                   help='halting thresholds in (0, 1] to measure (default: none)')
+    g.add_argument('--halting-criterion', default='confidence', choices=HALTING_CRITERIA,
+                   help="forward_adaptive's criterion ('halting' needs a model trained with a halting head)")
+    g.add_argument('--halting-timing-images', type=positive_int, default=1000, help='first images timed')
+    g.add_argument('--halting-repeats', type=positive_int, default=3, help='interleaved timing repeats (median)')
+
+
+def check_halting_arguments(model, args) -> None:
+    """A ValueError, before anything is measured, when ``model`` cannot halt as ``args`` ask."""
+    if not args.halting_thresholds:
+        return
+    if not hasattr(model, 'check_adaptive_arguments'):
+        raise ValueError(f'--halting-thresholds needs a recursive classifier, not {type(model).__name__}')
+    for threshold in args.halting_thresholds:
+        model.check_adaptive_arguments(args.halting_criterion, threshold, None)
+
+
+def measure_halting(model, loader, args, device='cpu') -> Dict[str, object]:
+    """``halting_study`` over the batches of ``loader``, timed on its first ``args.halting_timing_images``."""
+    batches = [{key: batch[key].to(device) for key in ('pixel_values', 'label')} for batch in loader]
+    timing, timed = [], 0
+    for batch in batches:
+        if timed >= args.halting_timing_images:
+            break
+        timing.append(batch)
+        timed += len(batch['label'])
+    return halting_study(model, batches, args.halting_criterion, args.halting_thresholds, timing, args.halting_repeats)
+
+
 def _commit() -> Optional[str]:
     """The checkout's commit (with '-dirty' for uncommitted changes), None outside a git checkout."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -231,7 +277,7 @@ def main(argv=None) -> int:
     p.add_argument('--dataset', default='fashion_mnist')
     p.add_argument('--eval-samples', type=positive_int, default=5000, help='first evaluation images measured')
     p.add_argument('--criterion', default='confidence', choices=HALTING_CRITERIA)
-    p.add_argument('--thresholds', type=float, nargs='+', required=True, help='halting thresholds, each in (0, 1]')
+    p.add_argument('--thresholds', type=halting_threshold, nargs='+', required=True, help='halting thresholds in (0, 1]')
     p.add_argument('--batch-size', type=positive_int, default=500)
     p.add_argument('--timing-images', type=positive_int, default=1000, help='first evaluation images timed')
     p.add_argument('--repeats', type=positive_int, default=5, help='interleaved timing repeats (median)')
@@ -243,9 +289,6 @@ def main(argv=None) -> int:
     started = time.perf_counter()
 
     def measure():
-        from timm_recursive.layers.adaptive_halting import check_threshold
-        for threshold in args.thresholds:
-            check_threshold(threshold)
         splits = resolve_dataset(args.dataset)
         model = model_from_arguments(args, splits.num_classes)
         transform = create_dataset_transform(model, splits, False)

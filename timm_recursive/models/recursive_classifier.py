@@ -516,7 +516,7 @@ class RecursiveClassifier(nn.Module):
     def set_halting(self, threshold: Optional[float], criterion: str = 'confidence') -> None:
         """Make eval-mode ``forward`` stop each image early (``threshold``), or not (None); see ``halt_threshold``."""
         if threshold is not None:
-            self._check_adaptive_arguments(criterion, threshold, None)
+            self.check_adaptive_arguments(criterion, threshold, None)
         else:
             _check_choice('halt_criterion', criterion, HALTING_CRITERIA)
         self.halt_threshold = threshold
@@ -526,8 +526,8 @@ class RecursiveClassifier(nn.Module):
         if self.num_classes == 0 or self.global_pool == '':
             raise RuntimeError(f'{method} needs a classifier and pooling (num_classes > 0, global_pool != "")')
 
-    def _check_adaptive_arguments(self, criterion: str, threshold: Optional[float], max_steps: Optional[int]) -> int:
-        """Check ``forward_adaptive``'s arguments; return the step budget."""
+    def check_adaptive_arguments(self, criterion: str, threshold: Optional[float], max_steps: Optional[int]) -> int:
+        """Check ``forward_adaptive``'s arguments (a ValueError naming the bad one); return the step budget."""
         self._check_readout('forward_adaptive')
         _check_choice('criterion', criterion, HALTING_CRITERIA)
         if threshold is not None:
@@ -574,7 +574,7 @@ class RecursiveClassifier(nn.Module):
             same as ``forward_steps(x)[0][steps[i] - 1, i]`` (up to floating-point summation order in a
             smaller batch), and its steps (B,), int64.
         """
-        max_steps = self._check_adaptive_arguments(criterion, threshold, max_steps)
+        max_steps = self.check_adaptive_arguments(criterion, threshold, max_steps)
         summary = self._encode(x).unsqueeze(1) + self.role_embed[self.summary_role]
         B = summary.shape[0]
         y = self.y_init.expand(B, -1)

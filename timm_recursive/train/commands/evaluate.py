@@ -7,7 +7,11 @@
 ``--checkpoint`` takes an exported folder (``model.safetensors`` + ``config.json``), a training run
 folder, a training state folder, or a weights file (then ``--model`` names the architecture).
 ``--model-kwargs num_steps=16`` evaluates a recursive model with more (or fewer) steps than it was
-trained with: its weights do not depend on the number of steps.
+trained with: its weights do not depend on the number of steps. ``--halting-thresholds 0.5 0.9``
+also measures adaptive halting (``forward_adaptive``: each image stops at its own step) per
+threshold: accuracy and its paired difference from the fixed readouts, steps per image (mean,
+median, maximum, histogram), multiply-adds per image and images/s against the full recursion
+(``timm_recursive.analysis.adaptive_halting``); the results file holds it under ``halting``.
 """
 import argparse
 import sys
@@ -16,6 +20,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import timm_recursive  # noqa: F401  registers the models
+from timm_recursive.analysis.adaptive_halting import (
+    add_halting_arguments, check_halting_arguments, measure_halting, threshold_table)
 from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
 from timm_recursive.train.checkpoint import CheckpointError
 from timm_recursive.train.evaluate import collate_classification, evaluate_steps
@@ -39,6 +45,7 @@ def parse_args(argv=None):
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     p.add_argument('--results-file', '--json', dest='results_file', default=None,
                    help='also write the results to this JSON file (timm validate.py\'s name; --json is the old one)')
+    add_halting_arguments(p)
     args = p.parse_args(argv)
     if args.model is None and args.checkpoint is None:
         p.error('give --model (with --pretrained) and/or --checkpoint')
@@ -59,7 +66,8 @@ def main(argv=None) -> int:
         splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
                                  train_split=args.split, eval_split=args.split)
         model = model_from_arguments(args, splits.num_classes).to(args.device).eval()
-    except (DatasetError, CheckpointError) as e:
+        check_halting_arguments(model, args)
+    except (DatasetError, CheckpointError, ValueError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     dataset = splits.eval
@@ -71,6 +79,9 @@ def main(argv=None) -> int:
     result = evaluate_steps(StepOutputs(model), loader, progress=True, device=args.device)
     print(f'{args.checkpoint or args.model} on {args.dataset} ({splits.source}):')
     print(format_results(result))
+    if args.halting_thresholds:
+        result['halting'] = measure_halting(model, loader, args, args.device)
+        print(threshold_table(result['halting']))
     if args.results_file:
         write_json_atomic(args.results_file, {'model': args.model, 'checkpoint': args.checkpoint,
                                               'dataset': args.dataset, **result})
