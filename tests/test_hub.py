@@ -218,3 +218,29 @@ def test_push_script_publishes_a_dino_run_and_exported_model_folders(run_dir, tm
     shutil.copytree(os.path.join(run_dir, 'model'), bare)
     assert push_script.main([str(bare), '--dry-run']) == 2
     assert 'without the training run that made it' in capsys.readouterr().err and not (bare / 'hub').exists()
+
+
+def test_recursive_card_shows_the_runs_halting_measurement(run_dir, tmp_path, capsys):
+    """Without RUN/halting.json the card says how to measure it; with it, its table; a measurement of other
+    weights than the card publishes is refused."""
+    from timm_recursive.analysis.adaptive_halting import main as measure_halting
+    card = open(os.path.join(export_run(run_dir, str(tmp_path / 'plain'), repo_id=REPO_ID, weights='last'),
+                             'README.md')).read()
+    assert '### Adaptive halting' in card and 'Not measured for this checkpoint' in card
+    assert "halt_threshold=0.5" in card and "criterion='confidence'" in card
+    run = shutil.copytree(run_dir, str(tmp_path / 'run'), ignore=shutil.ignore_patterns('hub'))
+    state = sorted(os.listdir(os.path.join(run, 'checkpoints')))[-1]
+    assert measure_halting(['--checkpoint', os.path.join(run, 'checkpoints', state), '--dataset', 'digits',
+                            '--eval-samples', '40', '--timing-images', '20', '--repeats', '1',
+                            '--thresholds', '0.2', '0.9']) == 0
+    halting = json.loads(capsys.readouterr().out)
+    with open(os.path.join(run, 'halting.json'), 'w') as f:
+        json.dump(halting, f)
+    card = open(os.path.join(export_run(run, str(tmp_path / 'measured'), repo_id=REPO_ID, weights='last'),
+                             'README.md')).read()
+    assert 'Not measured' not in card and '| confidence 0.2 |' in card and '| confidence 0.9 |' in card
+    assert 'Measured on the first 40 test images with the confidence criterion' in card
+    with open(os.path.join(run, 'halting.json'), 'w') as f:
+        json.dump(dict(halting, checkpoint_epoch=halting['checkpoint_epoch'] - 1), f)
+    with pytest.raises(HubError, match='measure the published weights'):
+        export_run(run, str(tmp_path / 'other'), repo_id=REPO_ID, weights='last')

@@ -13,6 +13,7 @@ The source documents (in Portuguese) the cards name by title:
 - token-fusion DeiTs: "Para Além dos Tokens Atentos: Vision Transformers Eficientes com Importância
   e Diversidade de Tokens".
 """
+import json
 import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Tuple
@@ -97,7 +98,40 @@ def _recursive_context(model: RecursiveClassifier, run: Dict, record: Dict) -> D
         'step_gain': f'{top1[-1] - top1[0]:+.2f}',
         'efficiency_specs': ' '.join(specs),
         'efficiency_table': format_table(build_reports(specs)),
+        'halting_criterion': 'halting' if model.halting_head is not None else 'confidence',
+        'halting_section': _halting_section(run, record),
     }
+
+
+HALTING_RECORD = 'halting.json'  # a run's adaptive-halting measurement, as timm_recursive.analysis.adaptive_halting prints it
+
+
+def _halting_section(run: Dict, record: Dict) -> str:
+    """The card's adaptive-halting figures: the run's ``halting.json`` when it was measured, else how to measure it."""
+    from timm_recursive.analysis.adaptive_halting import threshold_table
+    path = os.path.join(run['dir'], HALTING_RECORD)
+    command = (f'python -m timm_recursive.analysis.adaptive_halting --checkpoint RUN --dataset {dataset_name(run)} '
+               f'--criterion confidence --thresholds 0.5 0.7 0.9 > RUN/{HALTING_RECORD}')
+    if not os.path.isfile(path):
+        return f'Not measured for this checkpoint; `{command}` measures it and the card then shows it.'
+    try:
+        with open(path) as f:
+            halting = json.load(f)
+        table = threshold_table(halting)
+    except (ValueError, KeyError) as e:
+        raise HubError(f'{path}: unreadable adaptive-halting record: {e!r}') from e
+    if halting.get('checkpoint_epoch') not in (None, record['epoch']):
+        raise HubError(f"{path} measured the weights of epoch {halting['checkpoint_epoch']}, the card publishes "
+                       f"epoch {record['epoch']}'s: measure the published weights")
+    match = halting['matching']
+    best = ('No threshold measured reaches the full recursion\'s accuracy.' if match is None else
+            f"The cheapest threshold that keeps the {halting['num_steps']}-step accuracy is {match['threshold']:g}: "
+            f"{match['top1']:.2f}% with {match['mean_steps']:.2f} steps per image on average, "
+            f"{match['macs_ratio']:.3f}x the multiply-adds and {match['speedup']:.2f}x the images/s.")
+    return (f"Measured on the first {halting['eval_images']} test images with the {halting['criterion']} "
+            f"criterion ({HALTING_RECORD}, by `python -m timm_recursive.analysis.adaptive_halting`); paired "
+            'differences from the fixed readouts with their 95% intervals, images/s against the full '
+            f"recursion in the same run ({halting['machine']}). {best}\n\n{table}")
 
 
 def _recursive_tags(model: RecursiveClassifier) -> List[str]:
