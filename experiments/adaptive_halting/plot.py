@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Draw results/accuracy_vs_macs.png from results/<criterion>.json (or another folder's): accuracy against multiply-adds per
-image (each criterion's thresholds and the fixed 1..T-step readouts), and the steps histogram of the
-cheapest confidence threshold that matches the full recursion (``run.sh --save`` runs it)."""
+image (each criterion's thresholds and the fixed 1..T-step readouts of the model it runs on: the reference
+model's, and the PonderNet model's for the learned head), and the steps histogram of each criterion's
+cheapest threshold that matches its model's full recursion (``run.sh --save`` runs it)."""
 import argparse
 import json
 import pathlib
@@ -18,27 +19,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('results', nargs='?', type=pathlib.Path, default=RESULTS, help='folder of the JSON and the figure')
     results = parser.parse_args().results
-    data = {c: json.loads((results / f'{c}.json').read_text()) for c in ('confidence', 'change')
+    data = {c: json.loads((results / f'{c}.json').read_text()) for c in ('confidence', 'change', 'halting')
             if (results / f'{c}.json').exists()}
+    if not data:
+        parser.error(f'no confidence.json, change.json or halting.json in {results}')
     fig, (ax, hist) = plt.subplots(1, 2, figsize=(11, 4))
-    fixed = data['confidence']['fixed']
-    ax.plot([f['macs_per_image'] / 1e6 for f in fixed], [f['top1'] for f in fixed], 'k.-', label='fixed steps 1..T')
-    for (criterion, result), marker in zip(data.items(), ('o', 's')):
+    for criterion, style, label in (('confidence', 'k.-', 'fixed steps 1..T'),
+                                    ('halting', 'k.--', 'fixed steps 1..T, PonderNet model')):
+        if criterion in data:
+            fixed = data[criterion]['fixed']
+            ax.plot([f['macs_per_image'] / 1e6 for f in fixed], [f['top1'] for f in fixed], style, label=label)
+    width = 0.8 / len(data)
+    for i, ((criterion, result), marker) in enumerate(zip(data.items(), ('o', 's', '^'))):
         rows = sorted(result['thresholds'], key=lambda r: r['macs_per_image'])
         ax.plot([r['macs_per_image'] / 1e6 for r in rows], [r['top1'] for r in rows], marker, linestyle='-',
                 label=f'{criterion} exit (thresholds)')
+        chosen = result['matching']['threshold'] if result['matching'] else result['thresholds'][-1]['threshold']
+        row = next(r for r in result['thresholds'] if r['threshold'] == chosen)
+        steps = [s + (i - (len(data) - 1) / 2) * width for s in range(1, result['num_steps'] + 1)]
+        hist.bar(steps, row['step_histogram'], width=width, label=f'{criterion} {chosen:g}')
     ax.set_xlabel('multiply-adds per image (M)')
     ax.set_ylabel('top-1 (%)')
-    ax.set_title(f"{data['confidence']['eval_images']} FashionMNIST test images")
-    ax.legend()
-    confidence = data['confidence']
-    chosen = confidence['matching']['threshold'] if confidence['matching'] else confidence['thresholds'][-1]['threshold']
-    row = next(r for r in confidence['thresholds'] if r['threshold'] == chosen)
-    steps = range(1, confidence['num_steps'] + 1)
-    hist.bar(list(steps), row['step_histogram'])
+    ax.set_title(f"{next(iter(data.values()))['eval_images']} FashionMNIST test images")
+    ax.legend(fontsize='small', loc='lower left')
     hist.set_xlabel('steps used')
     hist.set_ylabel('images')
-    hist.set_title(f'steps per image, confidence threshold {chosen:g}')
+    hist.set_yscale('log')
+    hist.set_title('steps per image, cheapest threshold at full accuracy')
+    hist.legend(fontsize='small')
     fig.tight_layout()
     fig.savefig(results / 'accuracy_vs_macs.png', dpi=100)
 
