@@ -59,6 +59,7 @@ def test_a_run_is_read_from_its_training_record_first_then_its_analyses(tmp_path
 
 def test_budget_and_objective_tables_set_the_rows_beside_their_references(tmp_path):
     _write_summary(tmp_path, 'dsa_moe/seed0', 0, [78.0] * 16)
+    _write_summary(tmp_path, 'dsa_moe/seed2', 2, [77.0] * 15 + [80.0])
     _write_summary(tmp_path, 'dsa_moe_k2', 0, [70.0] * 16)
     _write_summary(tmp_path, 'dsa_moe_last', 0, [10.0] * 15 + [79.5])
     _write_summary(tmp_path, 'dsa_moe_last_k2', 0, [12.0] * 15 + [77.0])
@@ -66,11 +67,16 @@ def test_budget_and_objective_tables_set_the_rows_beside_their_references(tmp_pa
     missing = []
     budget = tables.sparsity_table(tmp_path, (('dsa_moe/seed0', 'k = 6', 16, 6), ('dsa_moe_k2', 'k = 2', 16, 2)),
                                  'k', 'attention budget', missing)
-    assert '| k = 6 | 78.00 | 78.00 | 35.8 |' in budget and 'k = 2' not in budget
+    # seed 0 and seed 2 kept: mean ± sample std over those two, the seeds named, seed 1 listed as missing
+    assert '| k = 6 | 79.00 ± 1.41 | 77.50 ± 0.71 | 0, 2 | 35.8 |' in budget and 'k = 2' not in budget
     objective = tables.objective_table(tmp_path, missing)
     assert '| 16 | 6 | 79.50 | 78.00 | 10.00 |' in objective
     assert '| 16 | 2 | 77.00 | — | 12.00 |' in objective
-    assert '- attention budget: k = 2 (`dsa_moe_k2`)' in tables.not_reproducible(missing).splitlines()
+    listed = tables.not_reproducible(missing).splitlines()
+    assert '- attention budget: k = 2, seed 0 (`dsa_moe_k2`)' in listed
+    assert '- attention budget: k = 2, seed 1 (`dsa_moe_k2_seed1`)' in listed
+    assert '- attention budget: k = 6, seed 1 (`dsa_moe/seed1`)' in listed
+    assert not any('dsa_moe/seed2' in line for line in listed)
 
 
 def test_mean_sparsity_matches_the_source():

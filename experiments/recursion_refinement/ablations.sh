@@ -4,8 +4,8 @@
 # models (d=128, depth 2) at the source's operating point (16 steps, k=6, hard hypothesis) unless the
 # ablation changes it:
 #   variants  SA-MLP / SA-MoE / DSA-MoE, seeds 0 1 2 (mean and standard deviation)
-#   k         DSA-MoE with k=2 (seed 0) against k=6
-#   depth     DSA-MoE with 4 and 8 recursion steps (seed 0) against 16
+#   k         DSA-MoE with k=2 against k=6 (seeds 0 1 2; seed 1 and 2 runs are named NAME_seedS)
+#   depth     DSA-MoE with 4, 8 and 12 recursion steps against 16 (the source's 8-12; seeds 0 1 2)
 #   gradient  DSA-MoE with the history detached (grad_window=0) and with linear step weights
 #             (each with the default grad_window=1 and with 0), against the default (seed 0)
 #   levers    DSA-MoE with one step (no recursion), with depth 1 (half the per-step capacity) and
@@ -66,6 +66,11 @@ runs=$({
     echo "dsa_moe_k2 dsa_moe 0 topk=2"
     echo "dsa_moe_steps4 dsa_moe 0 num_steps=4"
     echo "dsa_moe_steps8 dsa_moe 0 num_steps=8"
+    echo "dsa_moe_steps12 dsa_moe 0 num_steps=12"
+    for seed in 1 2; do
+        echo "dsa_moe_k2_seed$seed dsa_moe $seed topk=2"
+        for steps in 4 8 12; do echo "dsa_moe_steps${steps}_seed$seed dsa_moe $seed num_steps=$steps"; done
+    done
     echo "dsa_moe_window0 dsa_moe 0 grad_window=0"
     echo "dsa_moe_linear dsa_moe 0 -- --step-weighting linear"
     echo "dsa_moe_window0_linear dsa_moe 0 grad_window=0 -- --step-weighting linear"

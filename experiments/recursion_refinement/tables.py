@@ -102,8 +102,7 @@ def variant_tables(results: pathlib.Path, missing: Missing) -> Tuple[str, str]:
         finals = [r['per_step'][-1] for r in runs.values()]
         curve = [statistics.mean(v) for v in zip(*(r['per_step'] for r in runs.values()))]
         curves[label] = curve
-        spread = f'{statistics.mean(finals):.2f} ± {statistics.stdev(finals):.2f}' if len(finals) > 1 \
-            else f'{finals[0]:.2f} (1 seed)'
+        spread = _mean_std(finals)
         rows.append([label, spread, ', '.join(f'{runs[s]["per_step"][-1]:.2f} (seed {s})' for s in sorted(runs)),
                      f'{curve[0]:.2f}', f'{curve[-1] - curve[0]:+.2f}'])
     summary = markdown_table(['variant', 'final-step top-1 (%), mean ± std', 'per seed', 'step-1 top-1 (%), mean',
@@ -114,12 +113,37 @@ def variant_tables(results: pathlib.Path, missing: Missing) -> Tuple[str, str]:
     return summary, per_step
 
 
+def seed_names(name: str) -> List[Tuple[int, str]]:
+    """The runs of one configuration over ``SEEDS``: ``VARIANT/seedS`` for the variants, else ``NAME`` (seed 0)
+    and ``NAME_seedS`` (``ablations.sh``'s names)."""
+    if name.endswith('/seed0'):
+        return [(seed, f'{name[:-1]}{seed}') for seed in SEEDS]
+    return [(seed, name if seed == 0 else f'{name}_seed{seed}') for seed in SEEDS]
+
+
+def _mean_std(values: Sequence[float]) -> str:
+    return f'{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}' if len(values) > 1 \
+        else f'{values[0]:.2f} (1 seed)'
+
+
 def sparsity_table(results: pathlib.Path, specs, column: str, table: str, missing: Missing) -> str:
-    def row(run, label, num_steps, topk):
-        return [label, f'{run["per_step"][-1]:.2f}', f'{run["per_step"][0]:.2f}',
-                f'{100 * mean_sparsity(num_steps, topk):.1f}']
-    return markdown_table([column, 'final-step top-1 (%)', 'step-1 top-1 (%)', 'mean DSA sparsity (%), analytic'],
-                          run_rows(results, specs, row, table, missing))
+    """One row per configuration ``(name, label, num_steps, topk)``: its final-step and step-1 top-1 over the
+    seeds kept (mean ± standard deviation), the seeds, and DSA's analytic mean sparsity."""
+    rows = []
+    for name, label, num_steps, topk in specs:
+        runs = {}
+        for seed, run_name in seed_names(name):
+            run = load_run(results, run_name)
+            if run is None:
+                missing.append((run_name, f'{table}: {label}, seed {seed}'))
+            else:
+                runs[seed] = run
+        if runs:
+            rows.append([label, _mean_std([r['per_step'][-1] for r in runs.values()]),
+                         _mean_std([r['per_step'][0] for r in runs.values()]),
+                         ', '.join(str(seed) for seed in sorted(runs)), f'{100 * mean_sparsity(num_steps, topk):.1f}'])
+    return markdown_table([column, 'final-step top-1 (%), mean ± std', 'step-1 top-1 (%), mean ± std', 'seeds',
+                           'mean DSA sparsity (%), analytic'], rows)
 
 
 def gradient_table(results: pathlib.Path, missing: Missing) -> str:
@@ -237,7 +261,8 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         'budget_k': sparsity_table(results, ((REFERENCE, 'k = 6', 16, 6), ('dsa_moe_k2', 'k = 2', 16, 2)),
                                  'k', 'attention budget', missing),
         'depth': sparsity_table(results, (('dsa_moe_steps4', '4 steps', 4, 6), ('dsa_moe_steps8', '8 steps', 8, 6),
-                                        (REFERENCE, '16 steps', 16, 6)), 'steps', 'recursion depth', missing),
+                                          ('dsa_moe_steps12', '12 steps', 12, 6), (REFERENCE, '16 steps', 16, 6)),
+                                'steps', 'recursion depth', missing),
         'gradient': gradient_table(results, missing),
         'levers': lever_table(results, missing),
         'objective': objective_table(results, missing),
