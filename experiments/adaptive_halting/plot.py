@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Draw results/accuracy_vs_macs.png from results/<criterion>.json (or another folder's): accuracy against multiply-adds per
-image (each criterion's thresholds and the fixed 1..T-step readouts of the model it runs on: the reference
-model's, and the PonderNet model's for the learned head), and the steps histogram of each criterion's
-cheapest threshold that matches its model's full recursion (``run.sh --save`` runs it)."""
+"""Draw results/accuracy_vs_macs.png from results/<criterion>.json (or another folder's): accuracy against
+multiply-adds per image (each criterion's thresholds and the fixed 1..T-step readouts of the model it runs
+on: the reference model's, and the PonderNet model's for the learned head; the learned heads of the other
+ponder weights), and the steps histogram of each criterion's cheapest threshold that matches its model's
+full recursion (``run.sh --save`` runs it)."""
 import argparse
 import json
 import pathlib
@@ -12,7 +13,11 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 
-RESULTS = pathlib.Path(__file__).resolve().parent / 'results'
+from timm_recursive.analysis.generated_markdown import import_file  # noqa: E402
+
+STUDY = pathlib.Path(__file__).resolve().parent
+RESULTS = STUDY / 'results'
+tables = import_file(STUDY / 'tables.py')
 
 
 def main() -> None:
@@ -38,6 +43,11 @@ def main() -> None:
         row = next(r for r in result['thresholds'] if r['threshold'] == chosen)
         steps = [s + (i - (len(data) - 1) / 2) * width for s in range(1, result['num_steps'] + 1)]
         hist.bar(steps, row['step_histogram'], width=width, label=f'{criterion} {chosen:g}')
+    for beta, result in tables.ponder_weight_results(results).items():
+        if beta != tables.DEFAULT_PONDER_BETA:  # the default's curve is the halting exit's above
+            rows = sorted(result['thresholds'], key=lambda r: r['macs_per_image'])
+            ax.plot([r['macs_per_image'] / 1e6 for r in rows], [r['top1'] for r in rows], 'x', linestyle=':',
+                    label=f'halting exit, PonderNet beta {beta:g}')
     ax.set_xlabel('multiply-adds per image (M)')
     ax.set_ylabel('top-1 (%)')
     ax.set_title(f"{next(iter(data.values()))['eval_images']} FashionMNIST test images")

@@ -10,6 +10,9 @@ from timm_recursive.hub.cards import public_command, strip_local_paths
 CRITERIA = ('confidence', 'change', 'halting')
 # the training run each criterion's model comes from (results/<folder>/summary.json)
 TRAINING = {'confidence': 'training', 'change': 'training', 'halting': 'training_ponder_net'}
+# PonderNet's KL weight of the run behind halting.json (run.sh's default --halting-beta); the other
+# ponder weights' measurements are halting_beta<BETA>.json, their runs training_ponder_net_beta<BETA>
+DEFAULT_PONDER_BETA = 0.01
 
 
 def _matching(result: Dict) -> str:
@@ -54,12 +57,56 @@ def _provenance(result: Dict) -> str:
             f"{result['timing']['threads']} threads, {result['wall_s']:.0f} s")
 
 
-def tables(results: pathlib.Path) -> Dict[str, str]:
-    data = {c: json.loads((results / f'{c}.json').read_text()) for c in CRITERIA if (results / f'{c}.json').exists()}
-    missing = 'not measured yet: `experiments/adaptive_halting/run.sh OUTPUT_ROOT --save` measures it'
+def ponder_weight_results(results: pathlib.Path) -> Dict[float, Dict]:
+    """The learned head's measurements by PonderNet KL weight (beta), ascending."""
+    found = {}
+    if (results / 'halting.json').exists():
+        found[DEFAULT_PONDER_BETA] = json.loads((results / 'halting.json').read_text())
+    for path in results.glob('halting_beta*.json'):
+        found[float(path.stem[len('halting_beta'):])] = json.loads(path.read_text())
+    return dict(sorted(found.items()))
+
+
+def ponder_weight_table(by_beta: Dict[float, Dict]) -> str:
+    """One row per ponder weight: the model's fixed readouts at step 1 and at the last step, its halting
+    threshold 0.5 (the median of its halting distribution), and the cheapest threshold that keeps its
+    own last-step accuracy."""
+    rows = []
+    for beta, result in by_beta.items():
+        fixed = {f['steps']: f for f in result['fixed']}
+        median = next((r for r in result['thresholds'] if r['threshold'] == 0.5), None)
+        match = result['matching']
+        rows.append([
+            f'{beta:g}', pct(fixed[1]['top1']), pct(fixed[result['num_steps']]['top1']),
+            *([pct(median['top1']), f"{median['mean_steps']:.2f}"] if median else ['—', '—']),
+            *([f"{match['threshold']:g}", pct(match['top1']), f"{match['mean_steps']:.2f}",
+               f"{match['macs_ratio']:.3f}", f"{match['speedup']:.2f}x"] if match else ['none'] + ['—'] * 4)])
+    return markdown_table(['KL weight beta', 'fixed 1 step (%)', 'fixed 16 steps (%)', 'threshold 0.5: top-1 (%)',
+                           'threshold 0.5: mean steps', 'cheapest threshold at 16-step accuracy', 'its top-1 (%)',
+                           'its mean steps', 'its MACs vs full', 'its speed vs full'], rows)
+
+
+def _training_provenance(training: Dict) -> str:
+    return (f"trained {training['epochs']} epochs on {training['train_images']} images in "
+            f"{training['wall_time_s'] / 60:.1f} min ({training['hardware']}, "
+            f"{strip_local_paths(training['dataset_source'])}): `{public_command(training['command'])}`")
+
+
+MISSING = 'not measured yet: `experiments/adaptive_halting/run.sh OUTPUT_ROOT --save` measures it'
+FULL_DATA = 'full_data'  # results/full_data/: the full-data 4-epoch recipe (run.sh's usage names the command)
+
+
+def _load(results: pathlib.Path) -> Dict[str, Dict]:
+    return {c: json.loads((results / f'{c}.json').read_text()) for c in CRITERIA if (results / f'{c}.json').exists()}
+
+
+def recipe_pieces(results: pathlib.Path) -> Dict[str, str]:
+    """The tables of one recipe's measurements (one results folder): per criterion its threshold table,
+    histogram, matching line, provenance, still-running table and hard-image line, and the training runs'
+    provenance."""
     suffixes = ('', '_histogram', '_matching', '_provenance', '_still_running', '_hard_images')
-    pieces: Dict[str, str] = {f'{c}{suffix}': missing for c in CRITERIA for suffix in suffixes}
-    for criterion, result in data.items():
+    pieces: Dict[str, str] = {f'{c}{suffix}': MISSING for c in CRITERIA for suffix in suffixes}
+    for criterion, result in _load(results).items():
         pieces[criterion] = threshold_table(result)
         pieces[f'{criterion}_histogram'] = _histogram(result)
         pieces[f'{criterion}_matching'] = _matching(result)
@@ -68,15 +115,24 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
             pieces[f'{criterion}_still_running'] = still_running_table(result, _chosen(result)['threshold'])
             pieces[f'{criterion}_hard_images'] = _hard_images(result)
     for folder in sorted(set(TRAINING.values())):
-        key = f'{folder}_provenance'
-        if not (results / folder / 'summary.json').exists():
-            pieces[key] = missing
-            continue
-        training = json.loads((results / folder / 'summary.json').read_text())
-        pieces[key] = (
-            f"trained {training['epochs']} epochs on {training['train_images']} images in "
-            f"{training['wall_time_s'] / 60:.1f} min ({training['hardware']}, "
-            f"{strip_local_paths(training['dataset_source'])}): `{public_command(training['command'])}`")
+        summary = results / folder / 'summary.json'
+        pieces[f'{folder}_provenance'] = _training_provenance(json.loads(summary.read_text())) \
+            if summary.exists() else MISSING
+    return pieces
+
+
+def tables(results: pathlib.Path) -> Dict[str, str]:
+    pieces = recipe_pieces(results)
+    pieces.update({f'{FULL_DATA}_{key}': text for key, text in recipe_pieces(results / FULL_DATA).items()})
+    by_beta = ponder_weight_results(results)
+    pieces['ponder_weights'] = ponder_weight_table(by_beta) if len(by_beta) > 1 else MISSING
+    provenance = []
+    for beta in by_beta:
+        summary = results / f'training_ponder_net_beta{beta:g}' / 'summary.json'
+        if beta != DEFAULT_PONDER_BETA and summary.exists():
+            provenance.append(f'- beta {beta:g}: ' + _training_provenance(json.loads(summary.read_text())))
+    pieces['ponder_weights_provenance'] = '\n'.join(provenance) or MISSING
+    data = _load(results)
     confidence = data['confidence']
     full, match = confidence['fixed'][-1], confidence['matching']
     if match is None:

@@ -1,0 +1,52 @@
+"""experiments/adaptive_halting/tables.py: the study's tables from the JSON kept in its results/."""
+import copy
+import json
+import pathlib
+import shutil
+
+from timm_recursive.analysis.generated_markdown import import_file
+
+STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'adaptive_halting'
+tables = import_file(STUDY / 'tables.py')
+
+
+def _learned_head(beta_result: dict, top1_16: float, matching) -> dict:
+    result = copy.deepcopy(beta_result)
+    result['fixed'][-1]['top1'] = top1_16
+    result['matching'] = matching
+    return result
+
+
+def test_ponder_weights_table_has_one_row_per_kl_weight(tmp_path):
+    measured = json.loads((STUDY / 'results' / 'halting.json').read_text())
+    (tmp_path / 'halting.json').write_text(json.dumps(measured))
+    (tmp_path / 'halting_beta1.json').write_text(json.dumps(_learned_head(measured, 77.5, None)))
+    (tmp_path / 'halting_beta0.001.json').write_text(json.dumps(_learned_head(
+        measured, 79.0, {'threshold': 0.3, 'top1': 79.1, 'mean_steps': 2.5, 'macs_ratio': 0.2, 'speedup': 4.0})))
+    by_beta = tables.ponder_weight_results(tmp_path)
+    assert list(by_beta) == [0.001, tables.DEFAULT_PONDER_BETA, 1.0]
+    rows = tables.ponder_weight_table(by_beta).splitlines()[2:]
+    assert rows[0].startswith('| 0.001 |') and '| 79.00 |' in rows[0] and '| 0.3 | 79.10 | 2.50 | 0.200 | 4.00x |' in rows[0]
+    assert rows[1].startswith('| 0.01 |') and rows[1].endswith(
+        f"| {measured['matching']['threshold']:g} | {measured['matching']['top1']:.2f} "
+        f"| {measured['matching']['mean_steps']:.2f} | {measured['matching']['macs_ratio']:.3f} "
+        f"| {measured['matching']['speedup']:.2f}x |")
+    assert rows[2].startswith('| 1 |') and rows[2].endswith('| none | — | — | — | — |')
+
+
+def test_full_data_recipe_pieces_come_from_their_own_folder(tmp_path):
+    for name in ('confidence.json', 'change.json', 'halting.json'):
+        shutil.copy(STUDY / 'results' / name, tmp_path / name)
+    pieces = tables.tables(tmp_path)
+    headline = pieces['headline']
+    assert pieces['full_data_confidence'].startswith('not measured yet')
+    assert pieces['ponder_weights'].startswith('not measured yet')  # one ponder weight is no sweep
+    (tmp_path / 'full_data').mkdir()
+    confidence = json.loads((STUDY / 'results' / 'confidence.json').read_text())
+    confidence['eval_images'] = 10000
+    (tmp_path / 'full_data' / 'confidence.json').write_text(json.dumps(confidence))
+    pieces = tables.tables(tmp_path)
+    assert pieces['full_data_confidence'] == pieces['confidence']
+    assert 'of 10000 images run past step 1' in pieces['full_data_confidence_hard_images']
+    assert pieces['full_data_change'].startswith('not measured yet')
+    assert pieces['headline'] == headline  # the headline is the 6,000-image recipe's
