@@ -273,6 +273,63 @@ def test_probe_commands_on_the_pretrained_backbone(dino_run, tmp_path):
     assert result['feature_dim'] == 64 and result['eval_images'] == 32 and 0 <= result['top1'] <= 100
 
 
+def test_features_of_any_block_from_one_pass():
+    from timm_recursive.probing import (
+        check_blocks, classification_features, classification_features_per_block, dense_features)
+    def three_blocks():
+        torch.manual_seed(0)
+        return timm.create_model('vit_small_patch16_224', num_classes=0, in_chans=1, img_size=8, patch_size=4,
+                                 embed_dim=32, depth=3, num_heads=2).eval()
+
+    model = three_blocks()
+    images = torch.randn(2, 1, 8, 8)
+    dense = dense_features(model, images, with_cls=True, blocks=[0, 1, -1])
+    cls = classification_features_per_block(model, images, [0, -1])
+    assert dense.shape == (2, 3, 64, 2, 2) and cls.shape == (2, 2, 32)
+    # in the order named, repeats included
+    torch.testing.assert_close(dense_features(model, images, blocks=[-1, 0, 0]),
+                               dense_features(model, images, blocks=[2, 0, 0]))
+    torch.testing.assert_close(dense_features(model, images, with_cls=True, blocks=[-1, 0])[:, 1], dense[:, 0])
+    # the last block's readout is the default probes' features; earlier blocks differ
+    torch.testing.assert_close(dense[:, 2], dense_features(model, images, with_cls=True)[:, 0])
+    torch.testing.assert_close(cls[:, 1], classification_features(model, images))
+    assert not torch.allclose(dense[:, 0], dense[:, 2]) and not torch.allclose(cls[:, 0], cls[:, 1])
+    # block b's grid is block b's own output: the model cut after block 0 gives block 0's features
+    model.blocks = model.blocks[:1]
+    torch.testing.assert_close(dense[:, 0], dense_features(model, images, with_cls=True)[:, 0])
+    assert check_blocks(three_blocks(), [0, -1, 2]) == [0, 2, 2]
+    with pytest.raises(ValueError, match='block 3 does not exist: the backbone has 3 blocks'):
+        check_blocks(three_blocks(), [3])
+
+
+def test_a_layer_sweep_probes_every_block_named(dino_run, tmp_path, capsys):
+    canvases = str(tmp_path / 'canvases')
+    assert probe_script.main(['compose', '--dataset', 'digits', '--out', canvases, '--train-canvases', '24',
+                              '--eval-canvases', '8']) == 0
+    checkpoint = os.path.join(dino_run, 'model')
+    common = ['--checkpoint', checkpoint, '--epochs', '2', '--no-progress']
+    out = str(tmp_path / 'segment.json')
+    assert probe_script.main(['segment', '--dataset', canvases, '--img-size', '16', '--layers', '0', '-1',
+                              '--output', out, *common]) == 0
+    result = json.load(open(out))
+    assert [r['block'] for r in result['per_layer']] == [0, 0]  # the 1-block backbone: block -1 is block 0
+    assert result['per_layer'][0]['miou'] == pytest.approx(result['per_layer'][1]['miou'])
+    # the last block named is the default readout, probed with the same seed
+    default = str(tmp_path / 'default.json')
+    assert probe_script.main(['segment', '--dataset', canvases, '--img-size', '16', '--output', default, *common]) == 0
+    assert json.load(open(default))['miou'] == pytest.approx(result['miou'])
+    assert 'per_class_iou' not in capsys.readouterr().out
+    assert probe_script.main(['linear', '--dataset', 'digits', '--max-train-samples', '64', '--max-eval-samples', '32',
+                              '--layers', '-1', '--output', out, *common]) == 0
+    assert json.load(open(out))['per_layer'][0]['block'] == 0
+    for argv, message in ((['segment', '--dataset', canvases, '--layers', '1'], 'block 1 does not exist'),
+                          (['linear', '--dataset', 'digits', '--layers', '0', '--n-last-blocks', '2'],
+                           'cannot be combined with --n-last-blocks')):
+        capsys.readouterr()
+        assert probe_script.main([*argv, *common]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_segmentation_dataset_errors_name_the_problem(tmp_path, capsys):
     import datasets
     path = str(tmp_path / 'bad')

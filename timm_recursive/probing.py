@@ -8,12 +8,15 @@
   global context), a 1x1 linear layer whose logits are bilinearly upsampled to the mask resolution;
   mIoU over the classes present in the eval masks or predictions (``ignore_index`` pixels excluded).
 
+Both probes read any block (``blocks``: timm's ``forward_intermediates`` indices, negative from the
+end), so one extraction gives a probe per layer (the source's layer-by-layer analysis).
+
 Both probes standardise the cached features with the training split's per-channel mean and std
 (a linear map, so the probe stays linear) and train with AdamW under a cosine schedule.
 ``compose_canvases`` builds a dense task from a classification dataset (as experiments/dino_fashion_mnist
 does): a grid of images on one canvas, each foreground pixel labelled with its image's class.
 """
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -21,41 +24,77 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    'classification_features', 'dense_features', 'extract_features', 'FeatureNorm', 'DenseLinearHead',
+    'block_outputs', 'check_blocks', 'classification_features', 'classification_features_per_block', 'dense_features',
+    'extract_features', 'FeatureNorm', 'DenseLinearHead',
     'fit_probe', 'linear_probe', 'dense_probe', 'confusion_matrix', 'segmentation_scores', 'compose_canvases',
 ]
 
 
-def _last_blocks(model: nn.Module, images: torch.Tensor, n: int):
-    """(patch grids (B, D, h, w), prefix tokens (B, P, D)) of the last ``n`` blocks, final norm applied."""
+def block_outputs(model: nn.Module, images: torch.Tensor, blocks: Union[int, Sequence[int]]):
+    """(patch grids (B, D, h, w), prefix tokens (B, P, D)) after each of ``blocks`` (an int: the last
+    that many; a list: those block indices, negative from the end), final norm applied."""
     if not hasattr(model, 'forward_intermediates'):
         raise TypeError(f'{type(model).__name__} has no forward_intermediates: probes need a timm ViT backbone')
-    return model.forward_intermediates(images, indices=n, norm=True, return_prefix_tokens=True,
-                                       intermediates_only=True)
+    if isinstance(blocks, int):
+        return model.forward_intermediates(images, indices=blocks, norm=True, return_prefix_tokens=True,
+                                           intermediates_only=True)
+    # timm returns each block once, in block order: ask for the distinct blocks, answer in the order named
+    wanted = check_blocks(model, blocks)
+    distinct = sorted(set(wanted))
+    outputs = model.forward_intermediates(images, indices=distinct, norm=True, return_prefix_tokens=True,
+                                          intermediates_only=True)
+    return [outputs[distinct.index(b)] for b in wanted]
+
+
+def check_blocks(model: nn.Module, blocks: Sequence[int]) -> List[int]:
+    """``blocks`` as non-negative indices into the model's blocks; an index out of range is a ValueError."""
+    depth = len(model.blocks)
+    for b in blocks:
+        if not -depth <= b < depth:
+            raise ValueError(f'block {b} does not exist: the backbone has {depth} blocks (0..{depth - 1}, '
+                             f'or -{depth}..-1 from the end)')
+    return [b % depth for b in blocks]
+
+
+def _cls(prefix: torch.Tensor, model: nn.Module) -> torch.Tensor:
+    if getattr(model, 'cls_token', None) is None:
+        raise ValueError(f'{type(model).__name__} has no [CLS] token to probe')
+    return prefix[:, 0]
 
 
 @torch.no_grad()
 def classification_features(model: nn.Module, images: torch.Tensor, n_last_blocks: int = 1,
                             avgpool_patches: bool = False) -> torch.Tensor:
     """[CLS] of each of the last ``n_last_blocks`` blocks (then the last block's mean patch token)."""
-    if getattr(model, 'cls_token', None) is None:
-        raise ValueError(f'{type(model).__name__} has no [CLS] token to probe')
-    blocks = _last_blocks(model, images, n_last_blocks)
-    features = [prefix[:, 0] for _, prefix in blocks]
+    outputs = block_outputs(model, images, n_last_blocks)
+    features = [_cls(prefix, model) for _, prefix in outputs]
     if avgpool_patches:
-        features.append(blocks[-1][0].mean(dim=(-2, -1)))
+        features.append(outputs[-1][0].mean(dim=(-2, -1)))
     return torch.cat(features, dim=-1)
 
 
 @torch.no_grad()
-def dense_features(model: nn.Module, images: torch.Tensor, with_cls: bool = False) -> torch.Tensor:
-    """The last block's patch features (B, D, h, w); with ``with_cls``, [CLS] broadcast and appended (B, 2D, h, w)."""
-    (grid, prefix), = _last_blocks(model, images, 1)
-    if not with_cls:
-        return grid
-    if getattr(model, 'cls_token', None) is None:
-        raise ValueError(f'{type(model).__name__} has no [CLS] token to concatenate')
-    return torch.cat([grid, prefix[:, 0, :, None, None].expand_as(grid)], dim=1)
+def classification_features_per_block(model: nn.Module, images: torch.Tensor, blocks: Sequence[int],
+                                      avgpool_patches: bool = False) -> torch.Tensor:
+    """(B, len(blocks), D) the [CLS] after each block (with ``avgpool_patches``, that block's mean patch
+    token appended: D doubles), from one forward pass."""
+    return torch.stack([torch.cat([_cls(prefix, model)] + ([grid.mean(dim=(-2, -1))] if avgpool_patches else []), -1)
+                        for grid, prefix in block_outputs(model, images, blocks)], dim=1)
+
+
+@torch.no_grad()
+def dense_features(model: nn.Module, images: torch.Tensor, with_cls: bool = False,
+                   blocks: Sequence[int] = (-1,)) -> torch.Tensor:
+    """(B, len(blocks), D, h, w) the patch features after each of ``blocks`` (default the last), from one
+    forward pass; with ``with_cls``, that block's [CLS] broadcast and appended (D doubles)."""
+    features = []
+    for grid, prefix in block_outputs(model, images, blocks):
+        if with_cls:
+            if getattr(model, 'cls_token', None) is None:
+                raise ValueError(f'{type(model).__name__} has no [CLS] token to concatenate')
+            grid = torch.cat([grid, prefix[:, 0, :, None, None].expand_as(grid)], dim=1)
+        features.append(grid)
+    return torch.stack(features, dim=1)
 
 
 @torch.no_grad()

@@ -6,6 +6,8 @@
     timm-recursive-probe segment --checkpoint runs/dino_entmax/model --dataset data/fm_canvases
     timm-recursive-probe segment --model vit_small_patch16_224.dino --pretrained \\
         --dataset scene_parse_150 --reduce-zero-label --img-size 448
+    # one probe per block (the layer-by-layer analysis): mIoU of blocks 0, 3, 7 and the last
+    timm-recursive-probe segment --checkpoint runs/dino_entmax/model --dataset data/fm_canvases --layers 0 3 7 -1
     # a segmentation dataset from a classification one: grids of images, foreground pixels labelled by class
     timm-recursive-probe compose --dataset fashion_mnist --out data/fm_canvases
 
@@ -30,7 +32,8 @@ from timm_recursive.data import (
     DatasetError, create_dataset_transform, image_mode, resolve_dataset, resolve_model_data_config,
     resolve_segmentation_dataset, to_mask_array, to_pil)
 from timm_recursive.probing import (
-    classification_features, compose_canvases, dense_features, dense_probe, extract_features, linear_probe)
+    check_blocks, classification_features, classification_features_per_block, compose_canvases, dense_features,
+    dense_probe, extract_features, linear_probe)
 from timm_recursive.train.checkpoint import CheckpointError
 from timm_recursive.train.evaluate import collate_classification
 from timm_recursive.train.factory import ModelKwargs, create_classifier, create_model_from_checkpoint
@@ -62,6 +65,9 @@ def add_probe_arguments(p) -> None:
     g.add_argument('--results-file', '--output', dest='results_file', default=None,
                    help='JSON file of the result (timm validate.py\'s name; --output, the old one, names '
                         'folders in the other commands)')
+    g.add_argument('--layers', '--layer', dest='layers', type=int, nargs='+', default=None,
+                   help='probe the output of these blocks (0-based, negative from the end), one probe per block '
+                        'from one feature extraction (default: the last block)')
     g.add_argument('--no-progress', action='store_true')
 
 
@@ -117,20 +123,55 @@ def _fit_kwargs(args) -> dict:
                 seed=args.seed, progress=not args.no_progress)
 
 
+class ProbeError(ValueError):
+    """Probe options that do not fit the backbone or each other."""
+
+
+def _blocks(model, layers):
+    """``--layers`` as block indices of ``model`` (None: the default readout of each probe)."""
+    if layers is None:
+        return None
+    try:
+        return check_blocks(model, layers)
+    except ValueError as e:
+        raise ProbeError(f'--layers: {e}') from None
+
+
+def _probe_per_block(blocks, cached: dict, fit) -> dict:
+    """``fit(train, eval)`` on cached features of one readout (``blocks`` None: features (N, ...)) or one per
+    block (features (N, len(blocks), ...)): then every block's result under ``per_layer``, the last one's on top."""
+    if blocks is None:
+        return fit(cached['train'], cached['eval'])
+    (train_x, train_y), (eval_x, eval_y) = cached['train'], cached['eval']
+    # every block's probe head starts from the same random state: the one a single probe would start from
+    start = torch.get_rng_state()
+    per_layer = []
+    for i, block in enumerate(blocks):
+        torch.set_rng_state(start)
+        per_layer.append({'block': block, **fit((train_x[:, i], train_y), (eval_x[:, i], eval_y))})
+    return {**per_layer[-1], 'per_layer': per_layer}
+
+
 def run_linear(args, model) -> dict:
+    if args.layers and args.n_last_blocks != 1:
+        raise ProbeError('--layers probes one block at a time: it cannot be combined with --n-last-blocks')
+    blocks = _blocks(model, args.layers)
     splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
                              train_split=args.train_split, eval_split=args.eval_split)
     transform = create_dataset_transform(model, splits, is_training=False)
 
     def features(x):
-        return classification_features(model, x, args.n_last_blocks, args.avgpool_patches)
+        if blocks is None:
+            return classification_features(model, x, args.n_last_blocks, args.avgpool_patches)
+        return classification_features_per_block(model, x, blocks, args.avgpool_patches)
 
     cached = {}
     for name, split, limit in (('train', splits.train, args.max_train_samples), ('eval', splits.eval, args.max_eval_samples)):
         loader = DataLoader(_limit(split, limit).with_transform(transform), batch_size=args.batch_size,
                             collate_fn=collate_classification, num_workers=args.workers)
         cached[name] = extract_features(features, loader, 'label', progress=not args.no_progress, desc=name)
-    result = linear_probe(*cached['train'], *cached['eval'], splits.num_classes, **_fit_kwargs(args))
+    result = _probe_per_block(blocks, cached, lambda train, evaluation: linear_probe(
+        *train, *evaluation, splits.num_classes, **_fit_kwargs(args)))
     return {**result, 'n_last_blocks': args.n_last_blocks, 'avgpool_patches': args.avgpool_patches,
             'dataset_source': splits.source}
 
@@ -159,6 +200,7 @@ def collate_segmentation(batch):
 
 
 def run_segment(args, model) -> dict:
+    blocks = _blocks(model, args.layers)
     splits = resolve_segmentation_dataset(args.dataset, image_column=args.image_column, mask_column=args.mask_column,
                                           train_split=args.train_split, eval_split=args.eval_split)
     config = resolve_model_data_config(model)
@@ -171,7 +213,9 @@ def run_segment(args, model) -> dict:
     transform = segmentation_transform(config, img_size, splits.image_column, splits.mask_column)
 
     def features(x):
-        return dense_features(model, x, with_cls=args.with_cls)
+        if blocks is None:
+            return dense_features(model, x, with_cls=args.with_cls)[:, 0]
+        return dense_features(model, x, with_cls=args.with_cls, blocks=blocks)
 
     cached = {}
     for name, split, limit in (('train', splits.train, args.max_train_samples), ('eval', splits.eval, args.max_eval_samples)):
@@ -185,8 +229,8 @@ def run_segment(args, model) -> dict:
         cached[name] = feats, masks
     labels = torch.cat([m[m != args.ignore_index] for _, m in cached.values()])
     num_classes = args.num_classes or int(labels.max()) + 1
-    result = dense_probe(*cached['train'], *cached['eval'], num_classes, ignore_index=args.ignore_index,
-                         **_fit_kwargs(args))
+    result = _probe_per_block(blocks, cached, lambda train, evaluation: dense_probe(
+        *train, *evaluation, num_classes, ignore_index=args.ignore_index, **_fit_kwargs(args)))
     return {**result, 'num_classes': num_classes, 'img_size': img_size, 'with_cls': args.with_cls,
             'dataset_source': splits.source}
 
@@ -219,6 +263,15 @@ def run_compose(args) -> dict:
             'threshold': args.threshold, 'num_classes': len(names) + 1, 'source': splits.source}
 
 
+def _without_per_class_iou(result):
+    """The printed result: per-class IoU lists only in the results file."""
+    if isinstance(result, list):
+        return [_without_per_class_iou(r) for r in result]
+    if isinstance(result, dict):
+        return {k: _without_per_class_iou(v) for k, v in result.items() if k != 'per_class_iou'}
+    return result
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
@@ -231,11 +284,11 @@ def main(argv=None) -> int:
             result = (run_linear if args.command == 'linear' else run_segment)(args, model)
             result = {'probe': args.command, 'checkpoint': args.checkpoint, 'model': args.model,
                       'architecture': model.pretrained_cfg.get('architecture'), 'dataset': args.dataset, **result}
-    except (DatasetError, CheckpointError) as e:
+    except (DatasetError, CheckpointError, ProbeError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     result['wall_time_s'] = time.perf_counter() - start
-    print(json.dumps({k: v for k, v in result.items() if k != 'per_class_iou'}, indent=2))
+    print(json.dumps(_without_per_class_iou(result), indent=2))
     if getattr(args, 'results_file', None):
         os.makedirs(os.path.dirname(os.path.abspath(args.results_file)), exist_ok=True)
         write_json_atomic(args.results_file, result)
