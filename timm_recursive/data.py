@@ -33,6 +33,7 @@ __all__ = [
     'DATASET_ALIASES', 'IDX_DIRS', 'DatasetSplits', 'DatasetError', 'resolve_dataset', 'read_idx',
     'create_dataset_transform', 'hold_out', 'load_dataset_dict', 'resolve_model_data_config', 'image_mode', 'to_pil',
     'SegmentationSplits', 'resolve_segmentation_dataset', 'to_mask_array', 'split_dataset_prefix', 'load_class_map',
+    'RepeatAugBatches',
 ]
 
 DATASET_ALIASES = {
@@ -431,6 +432,42 @@ def hold_out(dataset, fraction: float, label_column: str):
     return parts['train'], parts['test']
 
 
+class RepeatAugBatches:
+    """timm's ``RepeatAugSampler`` (``--aug-repeats``) for a loader that Accelerate shards.
+
+    timm's sampler gives each process (rank) its own indices, so that the repeats of an image go to
+    different processes. Accelerate instead deals the batches of one global loader to the processes in
+    turn; this sampler yields, a batch at a time, the indices timm's sampler gives rank 0, 1, ..., so
+    each process gets its rank's batches. Full batches only, as the loader keeps them aligned.
+    """
+
+    def __init__(self, dataset, num_processes: int, batch_size: int, num_repeats: float):
+        from timm.data.distributed_sampler import RepeatAugSampler
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.samplers = [RepeatAugSampler(dataset, num_replicas=num_processes, rank=rank, num_repeats=num_repeats)
+                         for rank in range(num_processes)]
+        self.batches_per_process = len(self.samplers[0]) // batch_size
+        if self.batches_per_process == 0:
+            raise DatasetError(f'--aug-repeats leaves {len(self.samplers[0])} images per process and epoch, '
+                               f'fewer than a batch of {batch_size}')
+
+    def set_epoch(self, epoch: int) -> None:
+        for sampler in self.samplers:
+            sampler.set_epoch(epoch)  # timm's shuffle is keyed to the epoch
+        if hasattr(self.dataset, 'set_epoch'):  # Accelerate tells the sampler, and then no longer the dataset
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.batches_per_process * self.batch_size * len(self.samplers)
+
+    def __iter__(self):
+        per_rank = [list(sampler) for sampler in self.samplers]
+        for start in range(0, self.batches_per_process * self.batch_size, self.batch_size):
+            for indices in per_rank:
+                yield from indices[start:start + self.batch_size]
+
+
 MASK_COLUMNS = ('mask', 'annotation', 'segmentation', 'semantic_segmentation', 'label')
 
 
@@ -560,15 +597,16 @@ def create_dataset_transform(
     """A ``Dataset.with_transform`` function giving ``pixel_values`` and ``label`` for ``model``.
 
     Uses timm's ``resolve_data_config`` / ``create_transform`` with the model's pretrained config
-    (input size, interpolation, mean/std); images of any mode are first converted to the model's
+    (input size, interpolation, crop_pct, mean/std); images of any mode are first converted to the model's
     channels (1: grayscale, 3: RGB), so any dataset feeds any model. ``transform_kwargs`` go to
-    ``create_transform`` (augmentation such as ``scale``, ``hflip``, ``auto_augment``).
+    ``create_transform`` over the config (augmentation such as ``scale``, ``hflip``, ``auto_augment``, or a
+    training ``interpolation``).
     """
     from timm.data import create_transform
 
     config = resolve_model_data_config(model)
     mode = image_mode(config)
-    transform = create_transform(**config, is_training=is_training, **transform_kwargs)
+    transform = create_transform(**{**config, **transform_kwargs}, is_training=is_training)
 
     def apply(batch: dict) -> dict:
         return {

@@ -44,7 +44,7 @@ from timm.utils import ModelEmaV3
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.data import (
-    DatasetError, create_dataset_transform, hold_out, resolve_dataset, resolve_model_data_config)
+    DatasetError, RepeatAugBatches, create_dataset_transform, hold_out, resolve_dataset, resolve_model_data_config)
 from timm_recursive.layers import TokenFusionObjective, act_loss, ponder_net_loss
 from timm_recursive.train.checkpoint import CheckpointError, store_weights_as_timm
 from timm_recursive.train.evaluate import collate_classification, evaluate_steps
@@ -59,10 +59,13 @@ from timm_recursive.train.run import (
 _logger = logging.getLogger('train')
 
 # the run configuration a resumed state must match (anything else, e.g. --epochs, may change)
-RESUME_KEYS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'input_size', 'dataset', 'batch_size',
+RESUME_KEYS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'input_size', 'dataset', 'data_dir',
+               'dataset_config', 'class_map', 'batch_size',
                'grad_accum_steps', 'opt', 'model_ema', 'seed', 'halting')
 HALTING_OBJECTIVES = ('none', 'ponder_net', 'act')
 AMP_DTYPES = {'float16': 'fp16', 'bfloat16': 'bf16'}
+# timm's resize interpolations (timm.data.transforms.str_to_interp_mode)
+INTERPOLATIONS = ('nearest', 'bilinear', 'bicubic', 'box', 'hamming', 'lanczos')
 # timm's schedulers that step every update; plateau steps on an eval metric once per epoch
 SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'constant', 'wsd', 'rsqrt')
 
@@ -99,11 +102,23 @@ def parse_args(argv=None):
     g.add_argument('--torchcompile', nargs='?', const='inductor', default=None, metavar='BACKEND',
                    help='torch.compile the training forward (default backend: inductor)')
     g = p.add_argument_group('data')
-    g.add_argument('--dataset', default='digits', help='digits, a Hub id or alias, or a local folder')
+    g.add_argument('--dataset', default=None,
+                   help='digits, a Hub id or alias, a local folder, or a timm name: hfds/ID (Hugging Face datasets), '
+                        'hfids/ID (streamed), torch/NAME (torchvision, in --data-dir) (default: the folder of '
+                        '--data-dir when given, else digits)')
+    g.add_argument('--data-dir', default=None, metavar='DIR',
+                   help='timm\'s dataset root: the folder dataset, torch/ files, the hfds/ and hfids/ download cache')
+    g.add_argument('--dataset-config', default=None, metavar='NAME', help='Hugging Face dataset config name')
+    g.add_argument('--dataset-download', action='store_true',
+                   help='torch/: download into --data-dir when missing; hfids/: download whole instead of streaming')
+    g.add_argument('--class-map', default=None, metavar='FILE',
+                   help='timm\'s class map (.txt: a class name a line; .pkl: a {name: index} dict): only its classes '
+                        'are kept, labelled with its indices')
     g.add_argument('--image-column', default=None)
     g.add_argument('--label-column', default=None)
     g.add_argument('--train-split', default=None)
-    g.add_argument('--eval-split', default=None)
+    g.add_argument('--eval-split', '--val-split', dest='eval_split', default=None,
+                   help='the split evaluated (default: test, validation, ... whichever the dataset has)')
     g.add_argument('--val-fraction', type=float, default=0.,
                    help='hold out this fraction of the train split (stratified) to select the best model; '
                         'with 0 the best model is selected on the eval split')
@@ -120,6 +135,17 @@ def parse_args(argv=None):
     g.add_argument('--reprob', type=unit_interval_or_zero, default=0., help='random erasing probability')
     g.add_argument('--remode', default='pixel', choices=('const', 'rand', 'pixel'), help='random erasing fill')
     g.add_argument('--recount', type=positive_int, default=1, help='random erasing count')
+    # timm's resolve_data_config overrides of the model's pretrained config (written into the exported config.json)
+    g.add_argument('--interpolation', default=None, choices=INTERPOLATIONS,
+                   help='resize interpolation (default: the pretrained config\'s)')
+    g.add_argument('--train-interpolation', default=None, choices=('random', *INTERPOLATIONS),
+                   help='training interpolation (default: --interpolation\'s; timm train.py\'s is random)')
+    g.add_argument('--crop-pct', type=unit_interval, default=None, help='eval centre crop fraction')
+    g.add_argument('--mean', type=float, nargs='+', default=None, help='normalisation mean (1 value, or 3 for RGB)')
+    g.add_argument('--std', type=float, nargs='+', default=None, help='normalisation std (1 value, or 3 for RGB)')
+    g.add_argument('--aug-repeats', type=non_negative_float, default=0.,
+                   help='repeated augmentation (timm\'s RepeatAugSampler): each image this many times an epoch, '
+                        'on different processes; several processes only, as in timm')
     g = p.add_argument_group('optimisation')
     g.add_argument('--epochs', type=positive_int, default=20)
     g.add_argument('-b', '--batch-size', type=positive_int, default=128, help='per process, per accumulation step')
@@ -209,6 +235,13 @@ def parse_args(argv=None):
         p.error(f'tracker {", ".join(missing)} is not installed (Accelerate would skip it silently)')
     if args.val_fraction < 0 or args.val_fraction >= 1:
         p.error(f'--val-fraction must be in [0, 1), got {args.val_fraction}')
+    if args.dataset is None:  # as timm: a --data-dir alone is a folder dataset
+        args.dataset = '' if args.data_dir is not None else 'digits'
+    for option, values in (('--mean', args.mean), ('--std', args.std)):
+        if values is not None and len(values) not in (1, 3):
+            p.error(f'{option} takes 1 value or 3 (one per RGB channel), got {len(values)}')
+    if args.std is not None and not all(value > 0 for value in args.std):
+        p.error(f'--std must be positive, got {" ".join(map(str, args.std))}')
     if args.resume not in (None, 'auto') and len(args.seeds) > 1:
         p.error('--resume PATH resumes one run; use --resume (auto) with several --seeds')
     return args
@@ -242,8 +275,9 @@ def create_model(args, num_classes: int):
     """The model of ``--model`` and its input channels (default: its pretrained config's).
 
     ``--input-size``/``--img-size`` replace the input size of the model's pretrained config (which the
-    data transforms and the exported ``config.json`` read); a model built for one size (a ViT) is
-    built for the new one.
+    data transforms and the exported ``config.json`` read), and ``--interpolation``, ``--crop-pct``,
+    ``--mean``, ``--std`` its data config (timm's ``resolve_data_config`` overrides); a model built for
+    one size (a ViT) is built for the new one.
     """
     kwargs = architecture_kwargs(args)
     for option, name in (('drop', 'drop_rate'), ('drop_path', 'drop_path_rate')):
@@ -255,6 +289,9 @@ def create_model(args, num_classes: int):
     in_chans = int(model.pretrained_cfg.get('input_size', (3,))[0]) if in_chans is None else in_chans
     if override is not None:
         model.pretrained_cfg = {**model.pretrained_cfg, 'input_size': (in_chans, *override[1])}
+    data_overrides = dict(interpolation=args.interpolation, crop_pct=args.crop_pct,
+                          mean=args.mean and tuple(args.mean), std=args.std and tuple(args.std))
+    model.pretrained_cfg = {**model.pretrained_cfg, **{k: v for k, v in data_overrides.items() if v is not None}}
     check_input_size(model, resolve_model_data_config(model)['input_size'])  # the size the transforms give
     if args.grad_checkpointing:
         model.set_grad_checkpointing(True)
@@ -263,8 +300,11 @@ def create_model(args, num_classes: int):
 
 def train_transform_kwargs(args) -> dict:
     """The training augmentation options, as ``timm.data.create_transform`` takes them."""
-    return dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip, auto_augment=args.aa,
-                color_jitter=args.color_jitter, re_prob=args.reprob, re_mode=args.remode, re_count=args.recount)
+    kwargs = dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip, auto_augment=args.aa,
+                  color_jitter=args.color_jitter, re_prob=args.reprob, re_mode=args.remode, re_count=args.recount)
+    if args.train_interpolation is not None:
+        kwargs['interpolation'] = args.train_interpolation
+    return kwargs
 
 
 def tracker_values(values: dict) -> dict:
@@ -283,7 +323,9 @@ def tracker_values(values: dict) -> dict:
 def load_splits(args):
     splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
                              train_split=args.train_split, eval_split=args.eval_split, num_classes=args.num_classes,
-                             holdout_eval_fraction=args.val_fraction)
+                             holdout_eval_fraction=args.val_fraction, data_dir=args.data_dir,
+                             dataset_config=args.dataset_config, download=args.dataset_download,
+                             class_map=args.class_map, streamed_rows=(args.max_train_samples, args.max_eval_samples))
     selection = None
     if args.val_fraction > 0:
         splits.train, selection = hold_out(splits.train, args.val_fraction, splits.label_column)
@@ -315,6 +357,9 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     main = accelerator.is_main_process
     log = _logger.info if main else _logger.debug
+    if args.aug_repeats and accelerator.num_processes == 1:
+        # timm's create_loader refuses it too: the repeats of an image are meant for different processes
+        raise DatasetError('--aug-repeats needs several processes (accelerate launch --num_processes N), as in timm')
     run_config = {k: getattr(args, k) for k in vars(args)} | {'seed': seed}
     run_config['model_kwargs'] = architecture_kwargs(args)
     run_config['command'] = shlex.join(['python', 'train_scripts/train.py', *(sys.argv[1:] if argv is None else argv)])
@@ -338,9 +383,13 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     select_ds = selection.with_transform(eval_tf) if selection is not None else None
     loader_kw = dict(collate_fn=collate_classification, num_workers=args.workers)  # workers see set_epoch
     shuffle_generator = torch.Generator()
-    train_loader = DataLoader(
-        train_ds, batch_size=args.batch_size, shuffle=True, generator=shuffle_generator,
-        drop_last=len(train_ds) >= args.batch_size * accelerator.num_processes, **loader_kw)
+    if args.aug_repeats:  # timm's order, keyed to the epoch; the shuffle generator is then unused
+        train_loader = DataLoader(train_ds, batch_size=args.batch_size, drop_last=True, sampler=RepeatAugBatches(
+            train_ds, accelerator.num_processes, args.batch_size, args.aug_repeats), **loader_kw)
+    else:
+        train_loader = DataLoader(
+            train_ds, batch_size=args.batch_size, shuffle=True, generator=shuffle_generator,
+            drop_last=len(train_ds) >= args.batch_size * accelerator.num_processes, **loader_kw)
     eval_loader = DataLoader(eval_ds, batch_size=args.eval_batch_size, **loader_kw)
     select_loader = DataLoader(select_ds, batch_size=args.eval_batch_size, **loader_kw) if select_ds is not None else None
 
