@@ -231,3 +231,10 @@ def test_a_class_map_without_the_datasets_classes_names_them(tmp_path):
     class_map.write_text('cat\ndog\n')
     with pytest.raises(data.DatasetError, match=r"no row of split 'train' is of a class in the class map.*'0', '1'"):
         resolve_dataset('digits', class_map=str(class_map))
+
+
+def test_model_cards_name_the_hub_dataset_of_timm_names(tmp_path):
+    from timm_recursive.hub.cards import hub_dataset_id
+    assert hub_dataset_id('hfds/uoft-cs/cifar10') == hub_dataset_id('hfids/uoft-cs/cifar10') == 'uoft-cs/cifar10'
+    assert hub_dataset_id('torch/cifar10') is None and hub_dataset_id('') is None  # torchvision files, --data-dir
+    assert hub_dataset_id(f'hfds/{tmp_path}') is None and hub_dataset_id('cifar10') == 'uoft-cs/cifar10'
