@@ -5,7 +5,8 @@
     accelerate launch --num_processes 2 train_scripts/train.py --model ... --dataset fashion_mnist ...
 
 Datasets: anything ``timm_recursive.data.resolve_dataset`` understands (``digits``, Hub ids and
-aliases with an IDX fallback, local folders). Recursive models are trained with deep supervision: the
+aliases with an IDX fallback, local folders, timm's ``hfds/``, ``hfids/`` and ``torch/`` names and
+``--data-dir`` folder). Recursive models are trained with deep supervision: the
 loss is ``sum_t w_t CE(logits_t, y) + aux_loss_coef * moe_aux`` with step weights ``w_t`` summing to
 1 (``--step-weighting``: uniform, linear or last), and evaluated at every step.
 
