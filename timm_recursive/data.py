@@ -121,7 +121,8 @@ def _load_idx_dir(directory: str, class_names: Optional[List[str]] = None):
         arrays[split] = images, labels.astype(np.int64)
     # one class list for both splits, even when a split lacks the highest label
     names = class_names or [str(i) for i in range(1 + max(int(labels.max()) for _, labels in arrays.values()))]
-    return datasets.DatasetDict({split: _array_dataset(images, labels, names) for split, (images, labels) in arrays.items()})
+    return datasets.DatasetDict({split: _array_dataset(images, labels, names)
+                                 for split, (images, labels) in arrays.items()})
 
 
 def _array_dataset(images: np.ndarray, labels: np.ndarray, class_names: Sequence[str]):
@@ -245,8 +246,8 @@ def _load_torchvision(name: str, data_dir: Optional[str], download: bool, splits
             dd[split] = _array_dataset(np.asarray(ds.data), np.asarray(ds.targets), ds.classes)
         elif hasattr(ds, 'samples'):
             paths, labels = zip(*ds.samples) if ds.samples else ((), ())
-            dd[split] = datasets.Dataset.from_dict({'image': list(paths), 'label': list(labels)}, features=datasets.Features(
-                {'image': datasets.Image(), 'label': datasets.ClassLabel(names=list(ds.classes))}))
+            features = datasets.Features({'image': datasets.Image(), 'label': datasets.ClassLabel(names=list(ds.classes))})
+            dd[split] = datasets.Dataset.from_dict({'image': list(paths), 'label': list(labels)}, features=features)
         else:
             raise DatasetError(f'torch/{name}: {type(ds).__name__} holds neither arrays (data, targets) nor '
                                'image files (samples) to read')
