@@ -10,7 +10,11 @@
 * a Hugging Face Hub dataset id or one of the aliases ``cifar10``, ``cifar100``, ``mnist``,
   ``fashion_mnist``. When the Hub cannot be reached, ``mnist`` and ``fashion_mnist`` fall back to
   local IDX files (the Debian package ``dataset-fashion-mnist`` installs FashionMNIST's under
-  ``/usr/share/datasets/fashion-mnist/``) and say where they read from.
+  ``/usr/share/datasets/fashion-mnist/``) and say where they read from;
+* timm's ``create_dataset`` names: ``hfds/<Hub id or path>`` (Hugging Face datasets, cached under
+  ``data_dir`` when given), ``hfids/<Hub id or path>`` (streamed: only the rows used are read),
+  ``torch/<name>`` (a torchvision dataset in ``data_dir``, built by ``timm.data.create_dataset``) and
+  ``''`` (the folder ``data_dir``, as timm's folder dataset).
 
 ``create_dataset_transform(model, splits, is_training)`` builds timm's transform from the model's
 pretrained config and adapts every image to the model's channels (grayscale or RGB) and size.
@@ -19,6 +23,7 @@ import contextlib
 import gzip
 import logging
 import os
+import pickle
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -27,7 +32,8 @@ import numpy as np
 __all__ = [
     'DATASET_ALIASES', 'IDX_DIRS', 'DatasetSplits', 'DatasetError', 'resolve_dataset', 'read_idx',
     'create_dataset_transform', 'hold_out', 'load_dataset_dict', 'resolve_model_data_config', 'image_mode', 'to_pil',
-    'SegmentationSplits', 'resolve_segmentation_dataset', 'to_mask_array',
+    'SegmentationSplits', 'resolve_segmentation_dataset', 'to_mask_array', 'split_dataset_prefix', 'load_class_map',
+    'RepeatAugBatches',
 ]
 
 DATASET_ALIASES = {
@@ -46,6 +52,9 @@ IDX_CLASS_NAMES = {
     'fashion_mnist': ['T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt', 'Sneaker',
                       'Bag', 'Ankle boot'],
 }
+# the prefixes of timm.data.create_dataset's names; tfds/ and wds/ need readers this package does not use
+TIMM_PREFIXES = ('hfds', 'hfids', 'torch')
+UNSUPPORTED_TIMM_PREFIXES = ('tfds', 'wds')
 IMAGE_COLUMNS = ('img', 'image', 'pixel_values')
 LABEL_COLUMNS = ('label', 'fine_label', 'labels')
 _IDX_FILES = {'train': 'train-images-idx3-ubyte', 'test': 't10k-images-idx3-ubyte'}
@@ -112,13 +121,18 @@ def _load_idx_dir(directory: str, class_names: Optional[List[str]] = None):
         arrays[split] = images, labels.astype(np.int64)
     # one class list for both splits, even when a split lacks the highest label
     names = class_names or [str(i) for i in range(1 + max(int(labels.max()) for _, labels in arrays.values()))]
-    return datasets.DatasetDict({
-        split: datasets.Dataset.from_dict({'image': images, 'label': labels}, features=datasets.Features({
-            'image': datasets.Array2D(shape=images.shape[1:], dtype='uint8'),
-            'label': datasets.ClassLabel(names=names),
-        }))
-        for split, (images, labels) in arrays.items()
-    })
+    return datasets.DatasetDict({split: _array_dataset(images, labels, names)
+                                 for split, (images, labels) in arrays.items()})
+
+
+def _array_dataset(images: np.ndarray, labels: np.ndarray, class_names: Sequence[str]):
+    """A ``datasets.Dataset`` of uint8 images (N, H, W) or (N, H, W, C) and their class indices."""
+    import datasets
+    array_feature = datasets.Array2D if images.ndim == 3 else datasets.Array3D
+    return datasets.Dataset.from_dict({'image': images, 'label': labels.astype(np.int64)}, features=datasets.Features({
+        'image': array_feature(shape=images.shape[1:], dtype='uint8'),
+        'label': datasets.ClassLabel(names=list(class_names)),
+    }))
 
 
 def _load_digits():
@@ -131,21 +145,20 @@ def _load_digits():
     images = np.round(digits.images * (255. / 16.)).astype(np.uint8)
     train_idx, test_idx = train_test_split(
         np.arange(len(images)), test_size=0.25, stratify=digits.target, random_state=0)
-    features = datasets.Features({
-        'image': datasets.Array2D(shape=(8, 8), dtype='uint8'),
-        'label': datasets.ClassLabel(names=[str(i) for i in range(10)]),
-    })
     return datasets.DatasetDict({
-        split: datasets.Dataset.from_dict(
-            {'image': images[idx], 'label': digits.target[idx].astype(np.int64)}, features=features)
+        split: _array_dataset(images[idx], digits.target[idx], [str(i) for i in range(10)])
         for split, idx in (('train', train_idx), ('test', test_idx))
     })
 
 
+def _is_saved_dataset(path: str) -> bool:
+    return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f)) for f in (
+        'dataset_dict.json', 'dataset_info.json', 'state.json'))
+
+
 def _load_local(path: str):
     import datasets
-    if os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f)) for f in (
-            'dataset_dict.json', 'dataset_info.json', 'state.json')):
+    if _is_saved_dataset(path):
         return datasets.load_from_disk(path), f'save_to_disk folder {path}'
     if _has_idx(path):
         return _load_idx_dir(path), f'IDX files in {path}'
@@ -168,12 +181,13 @@ def _idx_fallback(alias: str) -> Tuple[Optional[str], List[str]]:
     return next((d for d in dirs if _has_idx(d)), None), dirs
 
 
-def _load_named(name: str):
+def _load_named(name: str, dataset_config: Optional[str] = None, data_dir: Optional[str] = None):
     """Hub dataset id or alias; returns (DatasetDict, source, notes)."""
     import datasets
     hub_id = DATASET_ALIASES.get(name, name)
     try:
-        return datasets.load_dataset(hub_id), f'Hugging Face Hub dataset {hub_id}', []
+        return (datasets.load_dataset(hub_id, dataset_config, cache_dir=data_dir),
+                f'Hugging Face Hub dataset {hub_id}', [])
     except Exception as hub_error:  # offline, unreachable or unknown: fall back or explain
         if name in IDX_DIRS:
             directory, looked = _idx_fallback(name)
@@ -186,6 +200,98 @@ def _load_named(name: str):
         raise DatasetError(
             f'unknown or unavailable dataset {name!r}: not "digits", not a local path, and loading Hub '
             f'dataset {hub_id!r} failed ({hub_error}); aliases: {", ".join(DATASET_ALIASES)}') from hub_error
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip() or type(error).__name__).splitlines()[0]
+
+
+def split_dataset_prefix(name: str) -> Tuple[str, str]:
+    """``(prefix, rest)`` of a timm dataset name (``hfds/uoft-cs/cifar10``: ``('hfds', 'uoft-cs/cifar10')``);
+    ``('', name)`` for any other name. As in timm, only the prefix is case-insensitive."""
+    prefix, sep, rest = name.partition('/')
+    if sep and prefix.lower() in TIMM_PREFIXES + UNSUPPORTED_TIMM_PREFIXES:
+        return prefix.lower(), rest
+    return '', name
+
+
+def _load_hugging_face(name: str, dataset_config: Optional[str], data_dir: Optional[str], streaming: bool):
+    """``hfds/`` and ``hfids/``: ``datasets.load_dataset`` of a Hub id or local path (a ``save_to_disk`` folder
+    is memory-mapped, never streamed), cached under ``data_dir`` as timm's Hugging Face readers do."""
+    import datasets
+    if _is_saved_dataset(name):
+        return datasets.load_from_disk(name), f'save_to_disk folder {name}'
+    try:
+        dd = datasets.load_dataset(name, dataset_config, cache_dir=data_dir, streaming=streaming)
+    except Exception as e:  # offline, unknown, a bad config: the datasets library says which
+        raise DatasetError(f'cannot load Hugging Face dataset {name!r}: {_first_line(e)}') from e
+    return dd, f'Hugging Face dataset {name}' + (' (streamed)' if streaming else '')
+
+
+def _load_torchvision(name: str, data_dir: Optional[str], download: bool, splits: Sequence[str]):
+    """``torch/<name>``: the torchvision dataset ``timm.data.create_dataset`` builds for each split in
+    ``data_dir``, as a ``datasets.Dataset``: the arrays of one held in memory (the MNIST family, CIFAR) or
+    the image files of a folder one (``torch/folder``, ``torch/imagenet``)."""
+    import datasets
+    from timm.data import create_dataset
+    if data_dir is None:
+        raise DatasetError(f'torch/{name} reads its files from --data-dir (data_dir): give the folder')
+    dd = {}
+    for split in splits:
+        try:
+            ds = create_dataset(f'torch/{name}', root=data_dir, split=split, download=download)
+        except (AssertionError, RuntimeError, OSError) as e:  # unknown name (timm asserts), files missing
+            raise DatasetError(f'torch/{name} (split {split!r}, --data-dir {data_dir}): {_first_line(e)}') from e
+        if hasattr(ds, 'data') and hasattr(ds, 'targets'):
+            dd[split] = _array_dataset(np.asarray(ds.data), np.asarray(ds.targets), ds.classes)
+        elif hasattr(ds, 'samples'):
+            paths, labels = zip(*ds.samples) if ds.samples else ((), ())
+            features = datasets.Features({'image': datasets.Image(), 'label': datasets.ClassLabel(names=list(ds.classes))})
+            dd[split] = datasets.Dataset.from_dict({'image': list(paths), 'label': list(labels)}, features=features)
+        else:
+            raise DatasetError(f'torch/{name}: {type(ds).__name__} holds neither arrays (data, targets) nor '
+                               'image files (samples) to read')
+    return datasets.DatasetDict(dd), f'torchvision {type(ds).__name__} in {data_dir}'
+
+
+def _read_stream(dataset, rows: Optional[int], split: str, source: str):
+    """The first ``rows`` rows of a streamed split as an in-memory ``datasets.Dataset``: only their shards
+    are fetched. Images stay encoded (``decode(False)``) rather than decoded and encoded again."""
+    import datasets
+    if rows is None:
+        raise DatasetError(f'{source} streams split {split!r}: give the rows to read (train.py --max-train-samples '
+                           f'and --max-eval-samples), or load it whole with hfds/')
+    return datasets.Dataset.from_list(list(dataset.decode(False).take(rows)), features=dataset.features)
+
+
+def load_class_map(path: str, data_dir: Optional[str] = None) -> Dict[str, int]:
+    """timm's ``--class-map`` file (``timm.data.readers.class_map.load_class_map``): a ``.txt`` of one class name
+    a line (its index is the line's) or a ``.pkl`` of a ``{name: index}`` dict; looked for in ``data_dir`` too."""
+    from timm.data.readers.class_map import load_class_map as timm_load_class_map
+    try:
+        class_to_idx = timm_load_class_map(path, root=data_dir or '')
+    except (AssertionError, OSError, ValueError, pickle.UnpicklingError) as e:  # timm asserts on a missing file
+        raise DatasetError(f'class map {path}: {_first_line(e)}') from e
+    if not class_to_idx or not all(isinstance(i, int) and i >= 0 for i in class_to_idx.values()):
+        raise DatasetError(f'class map {path} must map class names to indices >= 0, got {len(class_to_idx)} entries')
+    return class_to_idx
+
+
+def _apply_class_map(dataset, label_column: str, class_to_idx: Dict[str, int], split: str):
+    """The rows of ``dataset`` whose class is in ``class_to_idx``, labelled with its index, as timm's folder
+    reader keeps them; a label is matched by its class name (``ClassLabel``) or its value as text."""
+    import datasets
+    feature = dataset.features[label_column]
+    names = list(feature.names) if hasattr(feature, 'names') else None
+    classes = [names[label] if names else str(label) for label in dataset[label_column]]
+    keep = [i for i, name in enumerate(classes) if name in class_to_idx]
+    if not keep:
+        raise DatasetError(f'no row of split {split!r} is of a class in the class map; the split\'s classes: '
+                           f'{sorted(set(classes))[:10]}')
+    index_to_name = {index: name for name, index in class_to_idx.items()}
+    mapped_names = [index_to_name.get(i, str(i)) for i in range(max(class_to_idx.values()) + 1)]
+    return dataset.select(keep).remove_columns(label_column).add_column(
+        label_column, [class_to_idx[classes[i]] for i in keep], feature=datasets.ClassLabel(names=mapped_names))
 
 
 def _pick(available: Sequence[str], requested: Optional[str], candidates: Sequence[str], what: str,
@@ -202,9 +308,14 @@ def _pick(available: Sequence[str], requested: Optional[str], candidates: Sequen
     return found
 
 
-def load_dataset_dict(name):
-    """``(DatasetDict, source, notes)`` of ``digits``, a local path, a Hub id / alias (see the module docstring),
-    or a ``datasets.Dataset`` (its one split is ``train``) or ``DatasetDict`` already in memory."""
+def load_dataset_dict(name, data_dir: Optional[str] = None, dataset_config: Optional[str] = None,
+                      download: bool = False, splits: Sequence[str] = ('train', 'validation')):
+    """``(DatasetDict, source, notes)`` of ``digits``, a local path, a Hub id / alias, a timm dataset name
+    (see the module docstring), or a ``datasets.Dataset`` (its one split is ``train``) or ``DatasetDict``
+    already in memory. ``data_dir`` is timm's root folder (``--data-dir``), ``dataset_config`` a Hugging Face
+    config name, ``download`` lets ``torch/`` datasets download into ``data_dir`` (``hfids/``: download whole
+    instead of streaming), and ``splits`` names the train and eval splits a ``torch/`` dataset is built for.
+    A streamed split is a ``datasets.IterableDataset`` (``resolve_dataset`` reads the rows it uses)."""
     import datasets
     if isinstance(name, datasets.DatasetDict):
         return name, f'a DatasetDict of splits {list(name)}', []
@@ -213,12 +324,32 @@ def load_dataset_dict(name):
     if not isinstance(name, str):
         raise DatasetError(f'a dataset is a name, a path, a datasets.Dataset or a DatasetDict, '
                            f'not {type(name).__name__}')
+    prefix, rest = split_dataset_prefix(name)
+    if prefix in UNSUPPORTED_TIMM_PREFIXES:
+        raise DatasetError(f'timm\'s {prefix}/ datasets are not supported; dataset prefixes: '
+                           f'{", ".join(p + "/" for p in TIMM_PREFIXES)}')
+    if prefix in ('hfds', 'hfids'):
+        dd, source = _load_hugging_face(rest, dataset_config, data_dir, streaming=prefix == 'hfids' and not download)
+        return dd, source, []
+    if data_dir is not None and not os.path.isdir(data_dir) and not (prefix == 'torch' and download):
+        raise DatasetError(f'--data-dir {data_dir} is not a folder')
+    if dataset_config is not None and (prefix or name == 'digits' or name == '' or os.path.exists(name)):
+        raise DatasetError(f'a dataset config names a config of a Hugging Face dataset (hfds/, hfids/ or a Hub id), '
+                           f'which {name or data_dir!r} is not')
+    if prefix == 'torch':
+        dd, source = _load_torchvision(rest, data_dir, download, splits)
+        return dd, source, []
+    if name == '':  # timm's folder dataset: the images under data_dir
+        if data_dir is None:
+            raise DatasetError('an empty dataset name means the folder of --data-dir (data_dir): give it')
+        dd, source = _load_local(data_dir)
+        return dd, source, []
     if name == 'digits':
         return _load_digits(), "scikit-learn's bundled digits (stratified 75/25 split, seed 0)", []
     if os.path.exists(name):
         dd, source = _load_local(name)
         return dd, source, []
-    return _load_named(name)
+    return _load_named(name, dataset_config, data_dir)
 
 
 def resolve_dataset(
@@ -229,6 +360,11 @@ def resolve_dataset(
         eval_split: Optional[str] = None,
         num_classes: Optional[int] = None,
         holdout_eval_fraction: float = 0.,
+        data_dir: Optional[str] = None,
+        dataset_config: Optional[str] = None,
+        download: bool = False,
+        class_map: Optional[str] = None,
+        streamed_rows: Tuple[Optional[int], Optional[int]] = (None, None),
 ) -> DatasetSplits:
     """Resolve ``name`` (see the module docstring; or a ``datasets.Dataset`` / ``DatasetDict``) to checked
     train/eval splits.
@@ -237,9 +373,17 @@ def resolve_dataset(
     ``test``/``validation``) unless given. ``num_classes``, when given, must cover every label.
     A dataset with a train split only (e.g. a flat folder of class folders) gets its eval split
     from ``holdout_eval_fraction`` of the train split (stratified, seed 0) when that is > 0.
+    ``data_dir``, ``dataset_config`` and ``download`` are ``load_dataset_dict``'s; ``class_map`` is timm's
+    class map file (``load_class_map``): only the rows of its classes are kept, labelled with its indices.
+    ``streamed_rows`` are the rows read of a streamed (``hfids/``) train and eval split.
     """
-    dd, source, notes = load_dataset_dict(name)
+    import datasets
+    dd, source, notes = load_dataset_dict(name, data_dir, dataset_config, download,
+                                          splits=(train_split or 'train', eval_split or 'validation'))
+    dd = dict(dd)  # splits are replaced below (streamed rows, class map): never in the caller's DatasetDict
     train = _pick(list(dd), train_split, ('train',), 'train split')
+    if isinstance(dd[train], datasets.IterableDataset):
+        dd[train] = _read_stream(dd[train], streamed_rows[0], train, source)
     columns = dd[train].column_names
     image = _pick(columns, image_column, IMAGE_COLUMNS, 'image column', f' in split {train!r}')
     label = _pick(columns, label_column, LABEL_COLUMNS, 'label column', f' in split {train!r}')
@@ -251,6 +395,8 @@ def resolve_dataset(
         notes = [*notes, f'{source} has only a {train!r} split: {holdout_eval_fraction:g} of it (stratified, '
                          f'seed 0) is held out as the eval split']
     evaluation = _pick(list(dd), eval_split, ('test', 'validation', 'valid', 'val', 'heldout'), 'eval split')
+    if isinstance(dd[evaluation], datasets.IterableDataset):
+        dd[evaluation] = _read_stream(dd[evaluation], streamed_rows[1], evaluation, source)
     for split in (train, evaluation):
         if len(dd[split]) == 0:
             raise DatasetError(f'split {split!r} of {source} is empty')
@@ -258,6 +404,12 @@ def resolve_dataset(
             if column not in dd[split].column_names:
                 raise DatasetError(f'{what} column {column!r} missing from split {split!r}; '
                                    f'columns: {dd[split].column_names}')
+    if class_map is not None:
+        class_to_idx = load_class_map(class_map, data_dir)
+        for split in (train, evaluation):
+            dd[split] = _apply_class_map(dd[split], label, class_to_idx, split)
+        notes = [*notes, f'class map {class_map}: {len(dd[train])} train and {len(dd[evaluation])} eval rows of '
+                         f'its {len(class_to_idx)} classes']
 
     feature = dd[train].features[label]
     class_names = list(feature.names) if hasattr(feature, 'names') else None
@@ -279,6 +431,42 @@ def hold_out(dataset, fraction: float, label_column: str):
     stratify = label_column if hasattr(dataset.features[label_column], 'names') else None
     parts = dataset.train_test_split(test_size=fraction, seed=0, stratify_by_column=stratify)
     return parts['train'], parts['test']
+
+
+class RepeatAugBatches:
+    """timm's ``RepeatAugSampler`` (``--aug-repeats``) for a loader that Accelerate shards.
+
+    timm's sampler gives each process (rank) its own indices, so that the repeats of an image go to
+    different processes. Accelerate instead deals the batches of one global loader to the processes in
+    turn; this sampler yields, a batch at a time, the indices timm's sampler gives rank 0, 1, ..., so
+    each process gets its rank's batches. Full batches only, as the loader keeps them aligned.
+    """
+
+    def __init__(self, dataset, num_processes: int, batch_size: int, num_repeats: float):
+        from timm.data.distributed_sampler import RepeatAugSampler
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.samplers = [RepeatAugSampler(dataset, num_replicas=num_processes, rank=rank, num_repeats=num_repeats)
+                         for rank in range(num_processes)]
+        self.batches_per_process = len(self.samplers[0]) // batch_size
+        if self.batches_per_process == 0:
+            raise DatasetError(f'--aug-repeats leaves {len(self.samplers[0])} images per process and epoch, '
+                               f'fewer than a batch of {batch_size}')
+
+    def set_epoch(self, epoch: int) -> None:
+        for sampler in self.samplers:
+            sampler.set_epoch(epoch)  # timm's shuffle is keyed to the epoch
+        if hasattr(self.dataset, 'set_epoch'):  # Accelerate tells the sampler, and then no longer the dataset
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.batches_per_process * self.batch_size * len(self.samplers)
+
+    def __iter__(self):
+        per_rank = [list(sampler) for sampler in self.samplers]
+        for start in range(0, self.batches_per_process * self.batch_size, self.batch_size):
+            for indices in per_rank:
+                yield from indices[start:start + self.batch_size]
 
 
 MASK_COLUMNS = ('mask', 'annotation', 'segmentation', 'semantic_segmentation', 'label')
@@ -410,15 +598,16 @@ def create_dataset_transform(
     """A ``Dataset.with_transform`` function giving ``pixel_values`` and ``label`` for ``model``.
 
     Uses timm's ``resolve_data_config`` / ``create_transform`` with the model's pretrained config
-    (input size, interpolation, mean/std); images of any mode are first converted to the model's
+    (input size, interpolation, crop_pct, mean/std); images of any mode are first converted to the model's
     channels (1: grayscale, 3: RGB), so any dataset feeds any model. ``transform_kwargs`` go to
-    ``create_transform`` (augmentation such as ``scale``, ``hflip``, ``auto_augment``).
+    ``create_transform`` over the config (augmentation such as ``scale``, ``hflip``, ``auto_augment``, or a
+    training ``interpolation``).
     """
     from timm.data import create_transform
 
     config = resolve_model_data_config(model)
     mode = image_mode(config)
-    transform = create_transform(**config, is_training=is_training, **transform_kwargs)
+    transform = create_transform(**{**config, **transform_kwargs}, is_training=is_training)
 
     def apply(batch: dict) -> dict:
         return {

@@ -70,11 +70,14 @@ def base_model_id(run: Dict) -> Optional[str]:
 
 
 def hub_dataset_id(dataset: str) -> Optional[str]:
-    """The Hub dataset id of a dataset argument of train.py; None for a local folder or file, or ``digits``."""
-    from timm_recursive.data import DATASET_ALIASES
-    if dataset in PACKAGE_DATASETS or os.path.exists(dataset) or os.path.isabs(dataset) or dataset.startswith('.'):
+    """The Hub dataset id of a dataset argument of train.py; None for a local folder or file, ``digits``, a
+    ``torch/`` dataset or the folder of ``--data-dir`` (``''``); ``hfds/ID`` and ``hfids/ID`` give ID."""
+    from timm_recursive.data import DATASET_ALIASES, split_dataset_prefix
+    prefix, name = split_dataset_prefix(dataset)
+    if prefix not in ('', 'hfds', 'hfids') or dataset in ('', *PACKAGE_DATASETS) or os.path.exists(name) or \
+            os.path.isabs(name) or name.startswith('.'):
         return None
-    return DATASET_ALIASES.get(dataset, dataset)
+    return name if prefix else DATASET_ALIASES.get(name, name)  # a prefixed name is not an alias
 
 
 def _table(rows: List[List[str]]) -> str:

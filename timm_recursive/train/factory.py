@@ -36,8 +36,9 @@ def _create_model(model_name: str, **kwargs) -> nn.Module:
         return timm.create_model(model_name, **kwargs)
     except OSError:  # weights that cannot be fetched or read (some are ValueErrors too): the callers report those
         raise
-    except (TypeError, ValueError) as e:  # the model's own checks of its arguments
-        raise CheckpointError(f'cannot build {model_name}: {type(e).__name__}: {e} (check --model-kwargs)') from e
+    except (TypeError, ValueError, AssertionError) as e:  # the model's own checks of its arguments (timm's assert)
+        raise CheckpointError(f'cannot build {model_name}: {type(e).__name__}: {e} '
+                              f'(check --model-kwargs and the options that set model arguments)') from e
 
 
 def create_model_from_checkpoint(checkpoint: str, model_name: Optional[str] = None, **kwargs) -> nn.Module:
@@ -94,7 +95,8 @@ def create_classifier(model_name: str, num_classes: int, pretrained: bool = Fals
     except (OSError, RuntimeError) as e:  # hub errors are OSErrors; mismatched weights RuntimeErrors
         if not pretrained:
             raise
-        source = getattr(cfg, 'hf_hub_id', None) or getattr(cfg, 'url', None) or model_name
+        source = (kwargs.get('pretrained_cfg_overlay', {}).get('file') or getattr(cfg, 'hf_hub_id', None)
+                  or getattr(cfg, 'url', None) or model_name)
         raise CheckpointError(f'cannot load the pretrained weights of {model_name} from {source}: '
                               f'{type(e).__name__}: {str(e).splitlines()[0]}') from e
 

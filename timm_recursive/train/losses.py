@@ -5,6 +5,8 @@
 Wrapping (rather than calling ``forward_steps`` directly) keeps data-parallel wrappers such as DDP in
 the forward path, so their gradient synchronisation runs.
 """
+from typing import Callable, Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,7 +33,13 @@ class StepOutputs(nn.Module):
 
     def forward(self, x: torch.Tensor, halting: bool = False):
         """With ``halting=True`` (a recursive model built with ``halting_head=True``) it also returns the
-        halting logits of every step (num_steps, B), as ``forward_steps_halting`` gives them."""
+        halting logits of every step (num_steps, B), as ``forward_steps_halting`` gives them.
+
+        ``x`` is cast to the weights' dtype (a model held in bfloat16, ``--model-dtype``, takes
+        bfloat16 images; under autocast the weights stay float32 and so does ``x``)."""
+        weight = next(self.model.parameters(), None)
+        if weight is not None:
+            x = x.to(weight.dtype)
         if halting:
             logits, halting_logits, aux = self.model.forward_steps_halting(x)
             return logits, aux, halting_logits
@@ -64,11 +72,17 @@ def deep_supervision_loss(
         target: torch.Tensor,
         weights: torch.Tensor,
         label_smoothing: float = 0.,
+        loss_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
 ) -> torch.Tensor:
     """``sum_t weights[t] * CE(step_logits[t], target)``.
 
     ``target`` holds class indices (B,) or class probabilities (B, C) (Mixup/CutMix soft targets).
+    ``loss_fn(logits (B, C), target)``, e.g. timm's ``BinaryCrossEntropy``, replaces the cross-entropy
+    (it smooths labels itself: ``label_smoothing`` is then unused).
     """
+    if loss_fn is not None:
+        per_step = torch.stack([loss_fn(logits.float(), target) for logits in step_logits])
+        return per_step @ weights.to(per_step)
     num_steps, batch = step_logits.shape[:2]
     flat_target = target.repeat(num_steps) if target.dim() == 1 else target.repeat(num_steps, 1)
     per_sample = F.cross_entropy(

@@ -290,10 +290,13 @@ class RunLoop:
     Create it before the data (a missing ``--resume`` folder fails early), call ``resume`` once every
     object is prepared and registered with ``accelerator``, then ``run`` and ``finish``. ``modules``
     maps file names to modules stored beside each state (e.g. ``{'model_ema.safetensors': ema.module}``).
+    With ``log_interval`` N, every N-th batch of an epoch logs the epoch's mean loss so far and images/s
+    (timm's ``--log-interval``), for logs where no progress bar shows.
     """
 
     def __init__(self, accelerator, run_dir: str, run_config: dict, resume_keys: Sequence[str], *, seed: int,
-                 epochs: int, keep_states: int = 2, resume: Optional[str] = None, progress: bool = True):
+                 epochs: int, keep_states: int = 2, resume: Optional[str] = None, progress: bool = True,
+                 log_interval: Optional[int] = None):
         self.accelerator = accelerator
         self.run_dir = run_dir
         self.checkpoint_dir = os.path.join(run_dir, 'checkpoints')
@@ -301,6 +304,7 @@ class RunLoop:
         self.run_config = run_config
         self.resume_keys = resume_keys
         self.seed, self.epochs, self.keep_states, self.progress = seed, epochs, keep_states, progress
+        self.log_interval = log_interval
         self.log = _logger.info if accelerator.is_main_process else _logger.debug
         self.candidates = states_to_resume(resume, self.checkpoint_dir, self.log)
         self.modules: Dict[str, nn.Module] = {}
@@ -367,6 +371,9 @@ class RunLoop:
                     meter.update(*train_step(batch, epoch, step))
                     step += 1
                     bar.set_postfix(loss=f'{meter.mean("loss"):.4f}', img_s=f'{meter.images_per_s:.0f}')
+                    if self.log_interval and step % self.log_interval == 0:
+                        self.log(f'epoch {epoch + 1} [{step}/{len(loader)}]: loss {meter.mean("loss"):.4f}, '
+                                 f'{meter.images_per_s:.0f} img/s')
                     # with gradient accumulation only between updates: a state holds no half-accumulated step
                     if accelerator.sync_gradients and self._stop_requested(stop):
                         stopping = True

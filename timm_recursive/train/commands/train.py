@@ -5,7 +5,8 @@
     accelerate launch --num_processes 2 train_scripts/train.py --model ... --dataset fashion_mnist ...
 
 Datasets: anything ``timm_recursive.data.resolve_dataset`` understands (``digits``, Hub ids and
-aliases with an IDX fallback, local folders). Recursive models are trained with deep supervision: the
+aliases with an IDX fallback, local folders, timm's ``hfds/``, ``hfids/`` and ``torch/`` names and
+``--data-dir`` folder). Recursive models are trained with deep supervision: the
 loss is ``sum_t w_t CE(logits_t, y) + aux_loss_coef * moe_aux`` with step weights ``w_t`` summing to
 1 (``--step-weighting``: uniform, linear or last), and evaluated at every step.
 
@@ -19,8 +20,12 @@ The run loop is ``timm_recursive.train.run.RunLoop``, shared with ``timm-recursi
 
 timm's own ``train.py`` names are accepted where they mean the same (``-c/--config`` YAML defaults,
 ``-b``, ``-j``, ``--amp``, ``--img-size``/``--input-size``, ``--drop``, ``--layer-decay``,
-``--channels-last``, ``--grad-checkpointing``, ``--torchcompile``, ``--seed``, ``--log-wandb``); the
-trackers' project is ``--log-project`` (timm's ``--experiment`` names an output sub-folder instead).
+``--channels-last``, ``--grad-checkpointing``, ``--torchcompile[-mode]``, ``--seed``, ``--log-wandb``,
+``--pretrained-path``, ``--initial-checkpoint``, ``--gp``, ``--model-dtype``, ``--sync-bn``,
+``--opt-kwargs``, ``--lr-base[-size|-scale]``, ``--cooldown-epochs``, ``--sched-on-updates``,
+``--clip-mode``, ``--bce-loss``, ``--eval-metric``, ``--log-interval``; docs/training.md says where a
+default differs); the trackers' project is ``--log-project`` (timm's ``--experiment`` names an output
+sub-folder instead).
 Abbreviations of option names are refused rather than guessed (``--drop`` is not ``--drop-path``), and
 bad input (a value out of range, a ``--model-kwargs`` the model refuses, an image size it cannot take,
 an uninstalled tracker) is one ``error:`` line and exit status 2 before the run folder is created.
@@ -38,15 +43,16 @@ import time
 import torch
 from torch.utils.data import DataLoader
 from timm.data import Mixup
+from timm.loss import BinaryCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
-from timm.utils import ModelEmaV3
+from timm.utils import ModelEmaV3, dispatch_clip_grad
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.data import (
-    DatasetError, create_dataset_transform, hold_out, resolve_dataset, resolve_model_data_config)
+    DatasetError, RepeatAugBatches, create_dataset_transform, hold_out, resolve_dataset, resolve_model_data_config)
 from timm_recursive.layers import TokenFusionObjective, act_loss, ponder_net_loss
-from timm_recursive.train.checkpoint import CheckpointError, store_weights_as_timm
+from timm_recursive.train.checkpoint import CheckpointError, load_weights, store_weights_as_timm
 from timm_recursive.train.evaluate import collate_classification, evaluate_steps
 from timm_recursive.train.export import export_model
 from timm_recursive.train.factory import ModelKwargs, check_input_size, create_classifier
@@ -59,10 +65,19 @@ from timm_recursive.train.run import (
 _logger = logging.getLogger('train')
 
 # the run configuration a resumed state must match (anything else, e.g. --epochs, may change)
-RESUME_KEYS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'input_size', 'dataset', 'batch_size',
-               'grad_accum_steps', 'opt', 'model_ema', 'seed', 'halting')
+RESUME_KEYS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'input_size', 'dataset', 'data_dir',
+               'dataset_config', 'class_map', 'batch_size', 'grad_accum_steps', 'opt', 'model_ema', 'seed', 'halting',
+               'model_dtype')
 HALTING_OBJECTIVES = ('none', 'ponder_net', 'act')
 AMP_DTYPES = {'float16': 'fp16', 'bfloat16': 'bf16'}
+# timm's resize interpolations (timm.data.transforms.str_to_interp_mode)
+INTERPOLATIONS = ('nearest', 'bilinear', 'bicubic', 'box', 'hamming', 'lanczos')
+MODEL_DTYPES = ('float32', 'bfloat16', 'float16')
+# torch.compile's modes (the inductor backend's; other backends ignore a mode)
+TORCHCOMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')
+# the metrics of evaluate_steps that can pick the best epoch, and whether lower is better
+EVAL_METRICS = {'top1': False, 'top5': False, 'loss': True}
+DEFAULT_LR = 1e-3  # without --lr or --lr-base
 # timm's schedulers that step every update; plateau steps on an eval metric once per epoch
 SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'constant', 'wsd', 'rsqrt')
 
@@ -81,10 +96,20 @@ def parse_args(argv=None):
     g = p.add_argument_group('model')
     g.add_argument('--model', default='recursive_dsa_moe_tiny', help='registered model name, optionally with a .tag')
     g.add_argument('--pretrained', action='store_true', help='start from the pretrained weights of --model')
+    g.add_argument('--pretrained-path', default=None, metavar='FILE',
+                   help='load this weights file as the pretrained weights (timm\'s adaptation: the classifier is '
+                        'left out and initialised afresh, input channels adapted); implies --pretrained')
+    g.add_argument('--initial-checkpoint', default='', metavar='PATH',
+                   help='load these weights, strictly, after the model is built: a weights file (its EMA weights '
+                        'when it has them, as timm), or a state or export folder (its model_ema.safetensors, '
+                        'else model.safetensors)')
     g.add_argument('--num-classes', type=positive_int, default=None, help='classes (default: the dataset\'s)')
     g.add_argument('--in-chans', type=positive_int, default=None,
                    help='input channels (default: the pretrained config\'s)')
     g.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs, help='e.g. num_steps=8 topk=6')
+    g.add_argument('--gp', default=None, metavar='POOL',
+                   help='global pool type, the model\'s global_pool (default: the model\'s; recursive models: '
+                        'token, avg)')
     g.add_argument('--drop', type=non_negative_float, default=None, help='dropout rate (timm\'s drop_rate)')
     g.add_argument('--drop-path', type=non_negative_float, default=None, help='stochastic depth rate')
     g.add_argument('--img-size', type=positive_int, default=None,
@@ -98,12 +123,30 @@ def parse_args(argv=None):
                         'stay contiguous, since safetensors (states, exports) stores contiguous tensors only')
     g.add_argument('--torchcompile', nargs='?', const='inductor', default=None, metavar='BACKEND',
                    help='torch.compile the training forward (default backend: inductor)')
+    g.add_argument('--torchcompile-mode', default=None, choices=TORCHCOMPILE_MODES,
+                   help='torch.compile mode (inductor backend; default: torch\'s)')
+    g.add_argument('--model-dtype', default=None, choices=MODEL_DTYPES,
+                   help='dtype of the weights (and of the images fed to them), without autocast; default: float32')
+    g.add_argument('--sync-bn', action='store_true',
+                   help='BatchNorm as SyncBatchNorm when several processes train (one process: nothing to do)')
     g = p.add_argument_group('data')
-    g.add_argument('--dataset', default='digits', help='digits, a Hub id or alias, or a local folder')
+    g.add_argument('--dataset', default=None,
+                   help='digits, a Hub id or alias, a local folder, or a timm name: hfds/ID (Hugging Face datasets), '
+                        'hfids/ID (streamed), torch/NAME (torchvision, in --data-dir) (default: the folder of '
+                        '--data-dir when given, else digits)')
+    g.add_argument('--data-dir', default=None, metavar='DIR',
+                   help='timm\'s dataset root: the folder dataset, torch/ files, the hfds/ and hfids/ download cache')
+    g.add_argument('--dataset-config', default=None, metavar='NAME', help='Hugging Face dataset config name')
+    g.add_argument('--dataset-download', action='store_true',
+                   help='torch/: download into --data-dir when missing; hfids/: download whole instead of streaming')
+    g.add_argument('--class-map', default=None, metavar='FILE',
+                   help='timm\'s class map (.txt: a class name a line; .pkl: a {name: index} dict): only its classes '
+                        'are kept, labelled with its indices')
     g.add_argument('--image-column', default=None)
     g.add_argument('--label-column', default=None)
     g.add_argument('--train-split', default=None)
-    g.add_argument('--eval-split', default=None)
+    g.add_argument('--eval-split', '--val-split', dest='eval_split', default=None,
+                   help='the split evaluated (default: test, validation, ... whichever the dataset has)')
     g.add_argument('--val-fraction', type=float, default=0.,
                    help='hold out this fraction of the train split (stratified) to select the best model; '
                         'with 0 the best model is selected on the eval split')
@@ -120,13 +163,34 @@ def parse_args(argv=None):
     g.add_argument('--reprob', type=unit_interval_or_zero, default=0., help='random erasing probability')
     g.add_argument('--remode', default='pixel', choices=('const', 'rand', 'pixel'), help='random erasing fill')
     g.add_argument('--recount', type=positive_int, default=1, help='random erasing count')
+    # timm's resolve_data_config overrides of the model's pretrained config (written into the exported config.json)
+    g.add_argument('--interpolation', default=None, choices=INTERPOLATIONS,
+                   help='resize interpolation (default: the pretrained config\'s)')
+    g.add_argument('--train-interpolation', default=None, choices=('random', *INTERPOLATIONS),
+                   help='training interpolation (default: --interpolation\'s; timm train.py\'s is random)')
+    g.add_argument('--crop-pct', type=unit_interval, default=None, help='eval centre crop fraction')
+    g.add_argument('--mean', type=float, nargs='+', default=None, help='normalisation mean (1 value, or 3 for RGB)')
+    g.add_argument('--std', type=float, nargs='+', default=None, help='normalisation std (1 value, or 3 for RGB)')
+    g.add_argument('--aug-repeats', type=non_negative_float, default=0.,
+                   help='repeated augmentation (timm\'s RepeatAugSampler): each image this many times an epoch, '
+                        'on different processes; several processes only, as in timm')
     g = p.add_argument_group('optimisation')
     g.add_argument('--epochs', type=positive_int, default=20)
     g.add_argument('-b', '--batch-size', type=positive_int, default=128, help='per process, per accumulation step')
     g.add_argument('--eval-batch-size', type=positive_int, default=256)
     g.add_argument('--grad-accum-steps', type=positive_int, default=1)
     g.add_argument('--opt', default='adamw')
-    g.add_argument('--lr', type=non_negative_float, default=1e-3)
+    g.add_argument('--opt-kwargs', nargs='*', default={}, action=ModelKwargs,
+                   help='further optimizer arguments, e.g. amsgrad=True (they win over the options above)')
+    g.add_argument('--lr', type=non_negative_float, default=None,
+                   help=f'learning rate (default: from --lr-base when given, else {DEFAULT_LR:g})')
+    g.add_argument('--lr-base', type=non_negative_float, default=None,
+                   help='without --lr: lr = lr_base * global batch / --lr-base-size (timm\'s rule; timm\'s '
+                        'default 0.1 suits SGD, so here it applies only when given)')
+    g.add_argument('--lr-base-size', type=positive_int, default=256, help='the batch size --lr-base is for')
+    g.add_argument('--lr-base-scale', default='', choices=('', 'linear', 'sqrt'),
+                   help='how --lr-base scales with the batch (empty: sqrt for Ada* and LAMB optimizers, else '
+                        'linear, as timm)')
     g.add_argument('--weight-decay', type=non_negative_float, default=0.05)
     g.add_argument('--momentum', type=non_negative_float, default=0.9, help='SGD momentum (timm\'s default)')
     g.add_argument('--opt-eps', type=non_negative_float, default=None,
@@ -136,16 +200,32 @@ def parse_args(argv=None):
     g.add_argument('--layer-decay', type=float, default=None,
                    help='layer-wise learning-rate decay (timm\'s, through the model\'s group_matcher)')
     g.add_argument('--clip-grad', type=non_negative_float, default=1.0,
-                   help='clip the gradient norm to this value (0: off); the recursion shares weights over '
-                        'every step, and unclipped Adam updates diverged on FashionMNIST at epoch 3')
+                   help='clip the gradients to this value, by --clip-mode (0: off); the recursion shares weights '
+                        'over every step, and unclipped Adam updates diverged on FashionMNIST at epoch 3')
+    g.add_argument('--clip-mode', default='norm', choices=('norm', 'value', 'agc'),
+                   help='what --clip-grad bounds: the gradient norm, each gradient value, or (agc) the ratio of '
+                        'gradient to weight norms (timm\'s dispatch_clip_grad)')
     g.add_argument('--sched', default='cosine', choices=SCHEDULERS,
-                   help='timm scheduler, stepped every update (plateau, which steps on an epoch metric, is not one)')
+                   help='timm scheduler (plateau, which steps on an epoch metric, is not one)')
+    # default on, unlike timm's: the recipes here (1 warmup epoch of few updates) rely on per-update steps
+    g.add_argument('--sched-on-updates', action=argparse.BooleanOptionalAction, default=True,
+                   help='step the schedule every update; --no-sched-on-updates steps it once an epoch (timm\'s '
+                        'default)')
     g.add_argument('--warmup-epochs', type=non_negative_int, default=1)
     g.add_argument('--warmup-lr', type=non_negative_float, default=1e-5)
+    g.add_argument('--cooldown-epochs', type=non_negative_int, default=0,
+                   help='cosine/tanh/poly: epochs at --min-lr after the schedule, trained after --epochs')
     g.add_argument('--min-lr', type=non_negative_float, default=1e-5)
     g.add_argument('--decay-epochs', type=non_negative_float, default=90, help='step/multistep: epochs between decays')
     g.add_argument('--decay-rate', type=non_negative_float, default=0.1, help='step/multistep: the decay factor')
     g.add_argument('--label-smoothing', '--smoothing', type=non_negative_float, default=0.1)
+    g.add_argument('--bce-loss', action='store_true',
+                   help='binary cross-entropy on every step\'s logits (timm\'s BinaryCrossEntropy) instead of CE')
+    g.add_argument('--bce-sum', action='store_true', help='--bce-loss: sum over classes, then average over images')
+    g.add_argument('--bce-target-thresh', type=unit_interval_or_zero, default=None,
+                   help='--bce-loss: binarise the (smoothed, mixed) targets at this threshold')
+    g.add_argument('--bce-pos-weight', type=non_negative_float, default=None,
+                   help='--bce-loss: weight of the positive targets')
     g.add_argument('--mixup', type=non_negative_float, default=0., help='Mixup alpha (0: off)')
     g.add_argument('--cutmix', type=non_negative_float, default=0., help='CutMix alpha (0: off)')
     g.add_argument('--mixup-prob', type=unit_interval_or_zero, default=1.0)
@@ -189,6 +269,10 @@ def parse_args(argv=None):
     g.add_argument('--seeds', '--seed', dest='seeds', type=int, nargs='+', default=[0],
                    help='one run per seed; mean and std reported')
     add_run_arguments(g, default_output='runs/train')  # one sub-folder per seed when several
+    g.add_argument('--eval-metric', default='top1', choices=tuple(EVAL_METRICS),
+                   help='the metric (final step, on the selection set) that picks the best epoch, the one exported')
+    g.add_argument('--log-interval', type=positive_int, default=50,
+                   help='batches between training log lines (mean loss so far, images/s)')
     g.add_argument('--log-with', nargs='+', default=None, metavar='TRACKER',
                    help='Accelerate experiment trackers to log every epoch to (e.g. wandb, tensorboard, mlflow, all)')
     g.add_argument('--log-wandb', action='store_true', help='timm\'s name for --log-with wandb')
@@ -200,6 +284,21 @@ def parse_args(argv=None):
             p.error(f'--amp --amp-dtype {args.amp_dtype} contradicts --mixed-precision {args.mixed_precision}')
         args.mixed_precision = AMP_DTYPES[args.amp_dtype]
     args.mixed_precision = args.mixed_precision or 'no'
+    if args.model_dtype not in (None, 'float32') and args.mixed_precision != 'no':
+        p.error(f'--model-dtype {args.model_dtype} contradicts mixed precision ({args.mixed_precision}): autocast '
+                f'needs float32 weights')
+    if args.torchcompile_mode is not None and args.torchcompile != 'inductor':
+        p.error(f'--torchcompile-mode is a mode of the inductor backend; '
+                + (f'--torchcompile {args.torchcompile} ignores it' if args.torchcompile else 'give --torchcompile'))
+    if not args.bce_loss and (args.bce_sum or args.bce_target_thresh is not None or args.bce_pos_weight is not None):
+        p.error('--bce-sum, --bce-target-thresh and --bce-pos-weight apply to --bce-loss, which is not given')
+    if args.bce_loss and args.halting != 'none':
+        p.error(f'--bce-loss replaces deep supervision\'s cross-entropy; --halting {args.halting} has its own '
+                f'objective')
+    if args.bce_loss and args.label_smoothing >= 1:
+        p.error(f'--bce-loss needs --label-smoothing below 1, got {args.label_smoothing}')
+    if args.pretrained_path:
+        args.pretrained = True  # timm reads pretrained_cfg's file only when loading pretrained weights
     if args.img_size is not None and args.input_size is not None:
         p.error('give --img-size or --input-size, not both')
     if args.log_wandb:
@@ -209,6 +308,13 @@ def parse_args(argv=None):
         p.error(f'tracker {", ".join(missing)} is not installed (Accelerate would skip it silently)')
     if args.val_fraction < 0 or args.val_fraction >= 1:
         p.error(f'--val-fraction must be in [0, 1), got {args.val_fraction}')
+    if args.dataset is None:  # as timm: a --data-dir alone is a folder dataset
+        args.dataset = '' if args.data_dir is not None else 'digits'
+    for option, values in (('--mean', args.mean), ('--std', args.std)):
+        if values is not None and len(values) not in (1, 3):
+            p.error(f'{option} takes 1 value or 3 (one per RGB channel), got {len(values)}')
+    if args.std is not None and not all(value > 0 for value in args.std):
+        p.error(f'--std must be positive, got {" ".join(map(str, args.std))}')
     if args.resume not in (None, 'auto') and len(args.seeds) > 1:
         p.error('--resume PATH resumes one run; use --resume (auto) with several --seeds')
     return args
@@ -225,10 +331,13 @@ def input_size_override(args):
 
 
 def architecture_kwargs(args) -> dict:
-    """``--model-kwargs`` plus the image size that a model built for one size (a ViT) must be built for
-    under ``--input-size``/``--img-size``: what rebuilds the architecture (recorded in ``args.json``)."""
+    """``--model-kwargs`` plus ``--gp`` (``global_pool``) and the image size that a model built for one size
+    (a ViT) must be built for under ``--input-size``/``--img-size``: what rebuilds the architecture
+    (recorded in ``args.json``)."""
     import timm
     kwargs = dict(args.model_kwargs)
+    if args.gp is not None:
+        kwargs['global_pool'] = args.gp
     if args.halting != 'none':
         kwargs['halting_head'] = True
     override = input_size_override(args)
@@ -242,29 +351,82 @@ def create_model(args, num_classes: int):
     """The model of ``--model`` and its input channels (default: its pretrained config's).
 
     ``--input-size``/``--img-size`` replace the input size of the model's pretrained config (which the
-    data transforms and the exported ``config.json`` read); a model built for one size (a ViT) is
-    built for the new one.
+    data transforms and the exported ``config.json`` read), and ``--interpolation``, ``--crop-pct``,
+    ``--mean``, ``--std`` its data config (timm's ``resolve_data_config`` overrides); a model built for
+    one size (a ViT) is built for the new one. ``--pretrained-path`` is the pretrained weights (timm's
+    ``pretrained_cfg_overlay``), ``--initial-checkpoint`` weights loaded strictly over them, ``--model-dtype``
+    the weights' dtype.
     """
     kwargs = architecture_kwargs(args)
     for option, name in (('drop', 'drop_rate'), ('drop_path', 'drop_path_rate')):
         if getattr(args, option) is not None:
             kwargs[name] = getattr(args, option)
+    for option in ('pretrained_path', 'initial_checkpoint'):
+        path = getattr(args, option)
+        if path and not os.path.exists(path):
+            raise CheckpointError(f'--{option.replace("_", "-")} {path} does not exist')
+    if args.pretrained_path:
+        # as timm's train.py: the file replaces the config's source, num_classes=-1 drops its classifier
+        kwargs['pretrained_cfg_overlay'] = dict(file=args.pretrained_path, num_classes=-1)
     override = input_size_override(args)
     in_chans = args.in_chans if override is None else override[0]
     model = create_classifier(args.model, num_classes, pretrained=args.pretrained, in_chans=in_chans, **kwargs)
+    if args.initial_checkpoint:
+        load_weights(model, initial_weights_file(args.initial_checkpoint))
     in_chans = int(model.pretrained_cfg.get('input_size', (3,))[0]) if in_chans is None else in_chans
     if override is not None:
         model.pretrained_cfg = {**model.pretrained_cfg, 'input_size': (in_chans, *override[1])}
+    data_overrides = dict(interpolation=args.interpolation, crop_pct=args.crop_pct,
+                          mean=args.mean and tuple(args.mean), std=args.std and tuple(args.std))
+    model.pretrained_cfg = {**model.pretrained_cfg, **{k: v for k, v in data_overrides.items() if v is not None}}
     check_input_size(model, resolve_model_data_config(model)['input_size'])  # the size the transforms give
     if args.grad_checkpointing:
         model.set_grad_checkpointing(True)
+    if args.model_dtype is not None:
+        model.to(dtype=getattr(torch, args.model_dtype))
     return model, in_chans
+
+
+def initial_weights_file(path: str) -> str:
+    """The weights ``--initial-checkpoint`` names: a file, or in a state or export folder its EMA weights
+    when it holds them (as timm's ``load_checkpoint`` prefers a checkpoint's EMA), else its model weights."""
+    if not os.path.isdir(path):
+        return path
+    ema = os.path.join(path, 'model_ema.safetensors')
+    return ema if os.path.isfile(ema) else os.path.join(path, 'model.safetensors')
+
+
+def learning_rate(args, num_processes: int) -> float:
+    """``--lr``; without it timm's rule, ``--lr-base`` times the global batch over ``--lr-base-size``
+    (its square root under ``--lr-base-scale sqrt``, by default for the Ada* and LAMB optimizers); without
+    either ``DEFAULT_LR``."""
+    if args.lr is not None:
+        return args.lr
+    if args.lr_base is None:
+        return DEFAULT_LR
+    ratio = args.batch_size * args.grad_accum_steps * num_processes / args.lr_base_size
+    scale = args.lr_base_scale or ('sqrt' if any(name in args.opt.lower() for name in ('ada', 'lamb')) else 'linear')
+    return args.lr_base * (ratio ** 0.5 if scale == 'sqrt' else ratio)
+
+
+def sync_batchnorm(model, accelerator, log):
+    """``--sync-bn``: the model's BatchNorm layers as ``SyncBatchNorm`` when several processes train, as timm's
+    train.py converts them only when distributed (one process has no statistics to share)."""
+    if accelerator.num_processes == 1:
+        log('--sync-bn: one process, BatchNorm left as it is')
+        return model
+    if accelerator.device.type != 'cuda':
+        raise CheckpointError(f'--sync-bn: SyncBatchNorm runs on GPUs, not {accelerator.device.type}')
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
 def train_transform_kwargs(args) -> dict:
     """The training augmentation options, as ``timm.data.create_transform`` takes them."""
-    return dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip, auto_augment=args.aa,
-                color_jitter=args.color_jitter, re_prob=args.reprob, re_mode=args.remode, re_count=args.recount)
+    kwargs = dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip, auto_augment=args.aa,
+                  color_jitter=args.color_jitter, re_prob=args.reprob, re_mode=args.remode, re_count=args.recount)
+    if args.train_interpolation is not None:
+        kwargs['interpolation'] = args.train_interpolation
+    return kwargs
 
 
 def tracker_values(values: dict) -> dict:
@@ -283,7 +445,9 @@ def tracker_values(values: dict) -> dict:
 def load_splits(args):
     splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
                              train_split=args.train_split, eval_split=args.eval_split, num_classes=args.num_classes,
-                             holdout_eval_fraction=args.val_fraction)
+                             holdout_eval_fraction=args.val_fraction, data_dir=args.data_dir,
+                             dataset_config=args.dataset_config, download=args.dataset_download,
+                             class_map=args.class_map, streamed_rows=(args.max_train_samples, args.max_eval_samples))
     selection = None
     if args.val_fraction > 0:
         splits.train, selection = hold_out(splits.train, args.val_fraction, splits.label_column)
@@ -315,11 +479,16 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     main = accelerator.is_main_process
     log = _logger.info if main else _logger.debug
+    if args.aug_repeats and accelerator.num_processes == 1:
+        # timm's create_loader refuses it too: the repeats of an image are meant for different processes
+        raise DatasetError('--aug-repeats needs several processes (accelerate launch --num_processes N), as in timm')
     run_config = {k: getattr(args, k) for k in vars(args)} | {'seed': seed}
     run_config['model_kwargs'] = architecture_kwargs(args)
+    run_config['lr'] = lr = learning_rate(args, accelerator.num_processes)
     run_config['command'] = shlex.join(['python', 'train_scripts/train.py', *(sys.argv[1:] if argv is None else argv)])
     loop = RunLoop(accelerator, run_dir, run_config, RESUME_KEYS, seed=seed, epochs=args.epochs,
-                   keep_states=args.keep_states, resume=args.resume, progress=not args.no_progress)
+                   keep_states=args.keep_states, resume=args.resume, progress=not args.no_progress,
+                   log_interval=args.log_interval)
 
     set_seed(seed)
     splits, selection = load_splits(args)
@@ -328,6 +497,8 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     num_classes = splits.num_classes
     run_config['num_classes'] = num_classes
     model, run_config['in_chans'] = create_model(args, num_classes)
+    if args.sync_bn:
+        model = sync_batchnorm(model, accelerator, log)
     override = input_size_override(args)
     run_config['input_size'] = [run_config['in_chans'], *override[1]] if override else None
     train_tf = create_dataset_transform(model, splits, is_training=not args.no_aug,
@@ -338,9 +509,13 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     select_ds = selection.with_transform(eval_tf) if selection is not None else None
     loader_kw = dict(collate_fn=collate_classification, num_workers=args.workers)  # workers see set_epoch
     shuffle_generator = torch.Generator()
-    train_loader = DataLoader(
-        train_ds, batch_size=args.batch_size, shuffle=True, generator=shuffle_generator,
-        drop_last=len(train_ds) >= args.batch_size * accelerator.num_processes, **loader_kw)
+    if args.aug_repeats:  # timm's order, keyed to the epoch; the shuffle generator is then unused
+        train_loader = DataLoader(train_ds, batch_size=args.batch_size, drop_last=True, sampler=RepeatAugBatches(
+            train_ds, accelerator.num_processes, args.batch_size, args.aug_repeats), **loader_kw)
+    else:
+        train_loader = DataLoader(
+            train_ds, batch_size=args.batch_size, shuffle=True, generator=shuffle_generator,
+            drop_last=len(train_ds) >= args.batch_size * accelerator.num_processes, **loader_kw)
     eval_loader = DataLoader(eval_ds, batch_size=args.eval_batch_size, **loader_kw)
     select_loader = DataLoader(select_ds, batch_size=args.eval_batch_size, **loader_kw) if select_ds is not None else None
 
@@ -352,20 +527,29 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
             raise CheckpointError(f'--fusion-imp-weight/--fusion-div-weight: {e}') from e
     net = StepOutputs(model)
     if args.torchcompile:
-        net.compile(backend=args.torchcompile)  # in place: state dict keys (and saved states) unchanged
-    optimizer_kwargs = {name: value for name, value in (('eps', args.opt_eps), ('betas', args.opt_betas))
-                        if value is not None}
-    optimizer = create_optimizer_v2(model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay,
-                                    momentum=args.momentum, layer_decay=args.layer_decay, **optimizer_kwargs)
+        # in place: state dict keys (and saved states) unchanged
+        net.compile(backend=args.torchcompile, mode=args.torchcompile_mode)
+    optimizer_kwargs = dict(opt=args.opt, lr=lr, weight_decay=args.weight_decay, momentum=args.momentum,
+                            layer_decay=args.layer_decay)
+    optimizer_kwargs.update({name: value for name, value in (('eps', args.opt_eps), ('betas', args.opt_betas))
+                             if value is not None})
+    optimizer_kwargs.update(args.opt_kwargs)  # last, as in timm's optimizer_kwargs()
+    try:
+        optimizer = create_optimizer_v2(model, **optimizer_kwargs)
+    except (TypeError, ValueError) as e:  # an unknown --opt, an argument the optimizer refuses
+        raise CheckpointError(f'cannot create optimizer {args.opt}: {type(e).__name__}: {e} '
+                              f'(check --opt and --opt-kwargs)') from e
     net, optimizer, train_loader, eval_loader = accelerator.prepare(net, optimizer, train_loader, eval_loader)
     if select_loader is not None:
         select_loader = accelerator.prepare(select_loader)
     store_weights_as_timm(accelerator, lambda m: m.model if isinstance(m, StepOutputs) else None)
     updates_per_epoch = max(1, len(train_loader) // args.grad_accum_steps)
-    scheduler, _ = create_scheduler_v2(
+    # the epochs to train, as timm's train.py: cosine/tanh/poly add --cooldown-epochs to --epochs
+    scheduler, loop.epochs = create_scheduler_v2(
         optimizer, sched=args.sched, num_epochs=args.epochs, warmup_epochs=args.warmup_epochs,
         warmup_lr=args.warmup_lr, min_lr=args.min_lr, decay_epochs=args.decay_epochs, decay_rate=args.decay_rate,
-        step_on_epochs=False, updates_per_epoch=updates_per_epoch)
+        cooldown_epochs=args.cooldown_epochs, step_on_epochs=not args.sched_on_updates,
+        updates_per_epoch=updates_per_epoch)
     ema = None
     if args.model_ema:
         ema = ModelEmaV3(accelerator.unwrap_model(net).model, decay=args.model_ema_decay,
@@ -380,6 +564,10 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
                       label_smoothing=args.label_smoothing, num_classes=num_classes)
     num_steps = accelerator.unwrap_model(net).num_steps
     weights = step_weights(num_steps, args.step_weighting)
+    bce = None
+    if args.bce_loss:  # timm's: it smooths index targets itself, takes Mixup's soft targets as they are
+        bce = BinaryCrossEntropy(smoothing=args.label_smoothing, target_threshold=args.bce_target_thresh,
+                                 sum_classes=args.bce_sum, pos_weight=args.bce_pos_weight).to(accelerator.device)
 
     best = loop.resume().get('best')
     if args.log_with:
@@ -398,7 +586,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
         with accelerator.accumulate(net):
             if args.halting == 'none':
                 step_logits, aux = net(x)
-                ce = deep_supervision_loss(step_logits, target, weights, label_smoothing=smoothing)
+                ce = deep_supervision_loss(step_logits, target, weights, label_smoothing=smoothing, loss_fn=bce)
             else:
                 step_logits, aux, halting_logits = net(x, halting=True)
                 if args.halting == 'ponder_net':
@@ -416,8 +604,12 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
             if not torch.isfinite(loss):
                 raise FloatingPointError(f'loss is {loss.item()} at epoch {epoch + 1}, step {step}')
             accelerator.backward(loss)
-            if accelerator.sync_gradients:  # the norm before clipping is logged either way
-                values['grad_norm'] = float(accelerator.clip_grad_norm_(net.parameters(), args.clip_grad or math.inf))
+            if accelerator.sync_gradients:
+                # the norm before clipping is logged either way (clip_grad_norm_ also unscales fp16 gradients)
+                norm_limit = args.clip_grad if args.clip_grad and args.clip_mode == 'norm' else math.inf
+                values['grad_norm'] = float(accelerator.clip_grad_norm_(net.parameters(), norm_limit))
+                if args.clip_grad and args.clip_mode != 'norm':
+                    dispatch_clip_grad(net.parameters(), args.clip_grad, mode=args.clip_mode)
             optimizer.step()
             optimizer.zero_grad()
         if accelerator.sync_gradients:
@@ -431,6 +623,8 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     export_dir = os.path.join(run_dir, 'model')
     run_start = time.perf_counter()
     label_names = splits.class_names if splits.class_names and len(splits.class_names) == num_classes else None
+    selection_key = f'selection_{args.eval_metric}'
+    lower_is_better = EVAL_METRICS[args.eval_metric]
 
     def end_epoch(epoch: int, meter) -> dict:
         nonlocal best
@@ -448,13 +642,17 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
             'eval_loss': result['loss'], 'eval_top1': result['top1'][-1], 'eval_top5': result['top5'][-1],
             'eval_top1_per_step': result['top1'], 'eval_top5_per_step': result['top5'],
             'eval_first_to_last': result['first_to_last'], 'eval_images_per_s': result['images_per_s'],
-            'selection_top1': selected['top1'][-1],
+            'selection_top1': selected['top1'][-1], 'selection_top5': selected['top5'][-1],
+            'selection_loss': selected['loss'],
         }
         if args.log_with:
             accelerator.log(tracker_values(record), step=epoch + 1)
-        is_best = best is None or record['selection_top1'] > best['selection_top1']
+        # a run resumed under another --eval-metric has no best of that metric yet
+        value = record[selection_key]
+        is_best = best is None or selection_key not in best or (
+            value < best[selection_key] if lower_is_better else value > best[selection_key])
         if is_best:
-            best = {k: record[k] for k in ('epoch', 'selection_top1', 'eval_top1', 'eval_top1_per_step')}
+            best = {k: record[k] for k in ('epoch', selection_key, 'eval_top1', 'eval_top1_per_step')}
             if main:
                 export_model(ema.module if ema is not None else accelerator.unwrap_model(net).model, export_dir,
                              label_names=label_names)
@@ -476,8 +674,9 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
         'command': run_config['command'], 'hardware': describe_hardware(accelerator),
         'train_images': len(train_ds), 'eval_images': len(eval_ds), 'class_names': label_names,
         'dataset_source': splits.source, 'num_classes': num_classes, 'num_steps': num_steps,
-        'epochs': args.epochs, 'final': final, 'best': best, 'export_dir': export_dir,
+        'epochs': loop.epochs, 'final': final, 'best': best, 'export_dir': export_dir,
         'selection': 'held-out train fraction' if select_loader is not None else 'eval split',
+        'eval_metric': args.eval_metric,
         'wall_time_s': final['wall_time_s'] if final else 0., 'this_session_s': time.perf_counter() - run_start,
     }
     loop.finish(summary)
