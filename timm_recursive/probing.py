@@ -179,13 +179,15 @@ def linear_probe(train_features: torch.Tensor, train_labels: torch.Tensor, eval_
 
 def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int,
                      ignore_index: Optional[int] = 255) -> torch.Tensor:
-    """(num_classes, num_classes) counts, rows = target class, columns = predicted class."""
-    keep = target != ignore_index if ignore_index is not None else torch.ones_like(target, dtype=torch.bool)
-    target, pred = target[keep].long(), pred[keep].long()
-    if target.numel() and (target.min() < 0 or target.max() >= num_classes):
-        raise ValueError(f'mask labels span {int(target.min())}..{int(target.max())}, outside 0..{num_classes - 1} '
+    """(num_classes, num_classes) counts, rows = target class, columns = predicted class (torchmetrics'
+    ``multiclass_confusion_matrix``, after a range check whose message names the fix)."""
+    from torchmetrics.functional.classification import multiclass_confusion_matrix
+    kept = target[target != ignore_index] if ignore_index is not None else target
+    if kept.numel() and (kept.min() < 0 or kept.max() >= num_classes):
+        raise ValueError(f'mask labels span {int(kept.min())}..{int(kept.max())}, outside 0..{num_classes - 1} '
                          f'(set num_classes, or ignore_index for the void label)')
-    return torch.bincount(target * num_classes + pred, minlength=num_classes ** 2).view(num_classes, num_classes)
+    return multiclass_confusion_matrix(pred.flatten().long(), target.flatten().long(), num_classes,
+                                       ignore_index=ignore_index, validate_args=False)
 
 
 def segmentation_scores(confusion: torch.Tensor) -> Dict:

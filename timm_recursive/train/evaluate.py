@@ -40,6 +40,8 @@ def evaluate_steps(model: nn.Module, loader, accelerator=None, progress: bool = 
         if device is not None:
             x, target = x.to(device), target.to(device)
         step_logits, _ = model(x)
+        # each image's hits, not a batch mean (timm.utils.accuracy, torchmetrics): the paired step-1-to-last
+        # differences and the halting study need them per image
         k = min(5, step_logits.shape[-1])
         top = step_logits.topk(k, dim=-1).indices  # (T, B, k)
         hits = top.eq(target.view(1, -1, 1))
