@@ -172,12 +172,16 @@ def check_adasplash(device: torch.device, quick: bool) -> dict:
             'passed': all(errors[name] < tolerances[name] for name in errors)}
 
 
+def train_argv(family_args: list, size: str, precisions: tuple) -> list:
+    """train.py's arguments (but --output) for one epoch of a family on digits."""
+    return ['--dataset', 'digits', '--epochs', '1', '--warmup-epochs', '0', '--no-aug', '--no-progress',
+            *TRAIN_ARGS[size], *family_args, '--mixed-precision', 'bf16' if 'bf16' in precisions else 'no']
+
+
 def train_family(family_args: list, size: str, device: torch.device, precisions: tuple) -> dict:
     from timm_recursive.train.commands import train
 
-    mixed_precision = 'bf16' if 'bf16' in precisions else 'no'
-    argv = ['--dataset', 'digits', '--epochs', '1', '--warmup-epochs', '0', '--no-aug', '--no-progress',
-            *TRAIN_ARGS[size], *family_args, '--mixed-precision', mixed_precision]
+    argv = train_argv(family_args, size, precisions)
     # Accelerate trains on the GPU whenever there is one: a CPU device has to be asked for
     use_cpu = {'ACCELERATE_USE_CPU': 'true'} if device.type == 'cpu' else {}
     with tempfile.TemporaryDirectory(prefix='gpu_check_train_') as folder, mock.patch.dict(os.environ, use_cpu):
@@ -244,7 +248,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--output', default='runs/gpu_check.json', help='the JSON report (written atomically)')
     parser.add_argument('--quick', action='store_true', help='CPU-sized parts (seconds each on one core)')
     parser.add_argument('--precisions', nargs='+', choices=PRECISIONS, default=None,
-                        help='of the benchmarks (default: fp32 bf16 on CUDA, fp32 elsewhere)')
+                        help='of the benchmarks; with bf16 the training runs are in bf16 mixed precision '
+                             '(default: fp32 bf16 on CUDA, fp32 elsewhere)')
     parser.add_argument('--parts', nargs='+', default=['*'], metavar='PATTERN',
                         help='run only the parts whose name matches one of these shell patterns')
     parser.add_argument('--budget-min', type=float, default=7.,

@@ -5,7 +5,9 @@ import math
 import pathlib
 
 import pytest
+import timm
 
+import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.generated_markdown import import_file
 
 gpu_check = import_file(pathlib.Path(__file__).resolve().parent.parent / 'benchmarks' / 'gpu_check.py')
@@ -65,6 +67,19 @@ def test_quick_run_on_cpu_runs_every_part_into_one_json(quick_run):
     assert all(r['gmacs']['gmacs'] > 0 and r['batch_1']['speedup'] > 0 for r in fusion.values())
     compiled = parts['benchmark compile_speed fp32']['result']['report']
     assert compiled['summary']['speedup_compiled_vs_eager'] > 0 and compiled['config']['device'] == 'cpu'
+
+
+def test_the_full_settings_a_gpu_run_uses_are_valid_command_lines():
+    from timm_recursive.efficiency import parse_model_spec
+    from timm_recursive.train.commands import train
+
+    for name, sizes in gpu_check.BENCHMARK_ARGS.items():
+        args = gpu_check.BENCHMARKS[name].parse_args(sizes['full'] + ['--device', 'cuda', '--precision', 'bf16'])
+        models = getattr(args, 'models', [getattr(args, 'model', None)])
+        assert all(timm.is_model(parse_model_spec(m)[0]) for m in models if m is not None), name
+    for family_args in gpu_check.FAMILY_RUNS['full'].values():
+        args = train.parse_args(gpu_check.train_argv(family_args, 'full', ('fp32', 'bf16')))
+        assert timm.is_model(args.model) and args.mixed_precision == 'bf16' and args.epochs == 1
 
 
 def test_a_failing_part_is_recorded_and_the_next_parts_still_run(tmp_path, monkeypatch):
