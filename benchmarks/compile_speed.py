@@ -1,31 +1,31 @@
 """Training-step speed of a recursive MoE model under ``torch.compile`` next to eager, on the same batches.
 
     python benchmarks/compile_speed.py [--json] [--model recursive_dsa_moe_tiny] [--num-steps 8]
-        [--batch-size 128] [--repeats 5] [--backend inductor] [--device cpu]
+        [--batch-size 128] [--repeats 5] [--backend inductor] [--device cpu] [--precision fp32]
 
 Two copies of one model (same weights) train on the same random batches: one eager, one whose
 ``forward_steps`` is compiled (``torch.compile``; the MoE layer then runs every expert on every
 token under the sparse gate matrix, with no host read, so the recursion is one graph). A training
 step is the forward over every recursion step, the deep-supervised cross-entropy plus the MoE
 auxiliary loss, the backward and a fused AdamW update (``timm_recursive.analysis.timing.recursive_train_step``,
-the step ``recursive_train_speed.py`` times). The first compiled call (compilation) is timed on its
-own; then the two are timed interleaved, median of ``--repeats``. Graph breaks and recompilations
-come from dynamo's counters. Compare the ratio within one run: absolute times on a shared CPU are noisy.
+the step ``recursive_train_speed.py`` times; the forward at ``--precision``, bf16 under autocast). The
+first compiled call (compilation) is timed on its own; then the two are timed interleaved, median of
+``--repeats``. Graph breaks and recompilations come from dynamo's counters. Compare the ratio within
+one run: absolute times on a shared CPU are noisy.
 """
 import argparse
 import copy
 import json
 import statistics
-import time
 
 import torch
 import timm
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import recursive_train_step, time_interleaved
+from timm_recursive.analysis.timing import PRECISIONS, recursive_train_step, time_interleaved
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--model', default='recursive_dsa_moe_tiny')
     parser.add_argument('--num-steps', type=int, default=8, help='recursion steps')
@@ -34,13 +34,19 @@ def main():
     parser.add_argument('--warmup', type=int, default=1, help='untimed rounds after compilation')
     parser.add_argument('--backend', default='inductor')
     parser.add_argument('--device', default='cpu')
+    parser.add_argument('--precision', default='fp32', choices=PRECISIONS, help='bf16: the forward under autocast')
     parser.add_argument('--aux-weight', type=float, default=0.01)
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--json', action='store_true', help='print the results as one JSON object')
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
+
+def measure(args: argparse.Namespace) -> dict:
+    """The benchmark's report (what ``--json`` prints)."""
     from torch._dynamo.utils import counters
 
+    torch._dynamo.reset()  # the counters and compiled graphs of this measurement only (it may run twice in a process)
+    counters.clear()
     torch.manual_seed(args.seed)
     eager = timm.create_model(args.model, num_steps=args.num_steps).to(args.device).train()
     compiled = copy.deepcopy(eager)
@@ -53,15 +59,11 @@ def main():
 
     def step(name, model):
         def run():
-            recursive_train_step(model, optimizers[name], images, labels, args.aux_weight)
-            if images.is_cuda:
-                torch.cuda.synchronize()
+            recursive_train_step(model, optimizers[name], images, labels, args.aux_weight, args.precision)
         return run
 
     cases = {'eager': step('eager', eager), 'compiled': step('compiled', compiled)}
-    start = time.perf_counter()
-    cases['compiled']()  # compilation
-    compile_s = time.perf_counter() - start
+    compile_s = time_interleaved({'compilation': cases['compiled']}, repeats=1, warmup=0)['compilation'][0]
     seconds = time_interleaved(cases, args.repeats, args.warmup)
     medians = {name: statistics.median(ts) for name, ts in seconds.items()}
     results = {
@@ -75,15 +77,23 @@ def main():
         'graphs_compiled': counters['stats']['unique_graphs'],
     }
     config = dict(model=args.model, num_steps=args.num_steps, batch_size=args.batch_size, repeats=args.repeats,
-                  backend=args.backend, device=args.device, threads=torch.get_num_threads(), torch=torch.__version__)
+                  backend=args.backend, device=args.device, precision=args.precision, threads=torch.get_num_threads(),
+                  torch=torch.__version__)
+    return {'config': config, 'results': results, 'summary': summary}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    report = measure(args)
     if args.json:
-        print(json.dumps({'config': config, 'results': results, 'summary': summary}, indent=2))
+        print(json.dumps(report, indent=2))
         return
+    results, summary = report['results'], report['summary']
     print(f'{args.model} ({args.num_steps} steps) training step, batch {args.batch_size}, {args.repeats} repeats '
-          f'(median), {args.device}, {torch.get_num_threads()} threads, torch {torch.__version__}')
+          f'(median), {args.device}, {args.precision}, {torch.get_num_threads()} threads, torch {torch.__version__}')
     for name, r in results.items():
         print(f'{name:<10}{r["images_per_s"]:>10.1f} images/s{r["median_s_per_step"]:>9.3f} s/step')
-    print(f'compiled / eager: {summary["speedup_compiled_vs_eager"]:.2f}x; compilation {compile_s:.0f} s, '
+    print(f'compiled / eager: {summary["speedup_compiled_vs_eager"]:.2f}x; compilation {summary["compile_s"]:.0f} s, '
           f'{summary["graph_breaks"]} graph breaks, {summary["graphs_compiled"]} graphs')
 
 

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Cost and speed of token fusion on DeiT-S: GMACs and inference images/s against the plain DeiT-S.
 
-    python benchmarks/token_fusion_cost.py [--json] [--repeats 5] [--keep-rates 0.5 0.6 0.7 0.8]
+    python benchmarks/token_fusion_cost.py [--json] [--repeats 5] [--keep-rates 0.5 0.6 0.7 0.8] [--device cpu] \
+        [--precision fp32]
 
 For ``deit_small_patch16_224`` and ``deit_s_tokenfuse`` at every keep rate (same weights):
 
 * GMACs of one 224 px image, counted by ``torch.utils.flop_counter.FlopCounterMode`` with the fused
   attention kernel off (counters do not see inside it), plus the clustering cost it misses
   (pairwise distances and merges, ``timm_recursive.layers.clustering_macs``, counted analytically);
-* inference images/s (``torch.inference_mode``, fused attention on) at batch 32 and batch 1, the
-  models interleaved in every repeat, median over repeats, with the ratio to DeiT-S.
+* inference images/s (``torch.inference_mode``, fused attention on, on ``--device`` at ``--precision``,
+  bf16 under autocast) at batch 32 and batch 1, the models interleaved in every repeat, median over
+  repeats, with the ratio to DeiT-S.
 
 Anchors from the issue: BAT 3.005 GMACs at keep 0.7 (DeiT-S 4.6); EViT 3.0 GMACs and about 1.5x on
 GPU; ToMe (r=13) 1.67x. Timings are noisy on a shared CPU: compare the ratios within one run.
@@ -21,46 +23,57 @@ import torch
 
 import timm
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import inference_speed
+from timm_recursive.analysis.timing import PRECISIONS, inference_speed
 from timm_recursive.analysis.token_fusion_cost import count_gmacs
 
 BASELINE = 'deit_small_patch16_224'
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--keep-rates', type=float, nargs='+', default=[0.5, 0.6, 0.7, 0.8])
     parser.add_argument('--batch-sizes', type=int, nargs='+', default=[32, 1])
     parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--precision', default='fp32', choices=PRECISIONS, help='bf16: inference under autocast')
     parser.add_argument('--json', action='store_true')
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
+
+def measure(args: argparse.Namespace) -> dict:
+    """The benchmark's report (what ``--json`` prints)."""
     torch.manual_seed(0)
-    baseline = timm.create_model(BASELINE).eval()
+    baseline = timm.create_model(BASELINE).to(args.device).eval()
     models = {BASELINE: baseline}
     for keep_rate in args.keep_rates:
-        model = timm.create_model('deit_s_tokenfuse', keep_rate=keep_rate).eval()
+        model = timm.create_model('deit_s_tokenfuse', keep_rate=keep_rate).to(args.device).eval()
         model.load_state_dict(baseline.state_dict())
         models[f'deit_s_tokenfuse keep={keep_rate}'] = model
 
-    results = {name: {'gmacs': count_gmacs(m, torch.randn(1, 3, 224, 224)),
+    results = {name: {'gmacs': count_gmacs(m, torch.randn(1, 3, 224, 224, device=args.device)),
                       'tokens_per_block': getattr(m, 'token_counts', lambda: [197] * len(m.blocks))()}
                for name, m in models.items()}
     for batch in args.batch_sizes:
-        speed = inference_speed(models, torch.randn(batch, 3, 224, 224), BASELINE, args.repeats)
+        speed = inference_speed(models, torch.randn(batch, 3, 224, 224, device=args.device), BASELINE, args.repeats,
+                                args.precision)
         for name, measured in speed.items():
             results[name][f'batch_{batch}'] = measured
 
-    report = {'repeats': args.repeats, 'threads': torch.get_num_threads(), 'torch': torch.__version__,
-              'results': results}
+    return {'repeats': args.repeats, 'threads': torch.get_num_threads(), 'device': args.device,
+            'precision': args.precision, 'torch': torch.__version__, 'results': results}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    report = measure(args)
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print(f'{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.repeats} interleaved '
-          'repeats; GMACs at batch 1 (fused attention off, clustering added analytically)')
+    print(f'{args.device}, {args.precision}, {report["threads"]} threads, torch {torch.__version__}, median of '
+          f'{args.repeats} interleaved repeats; GMACs at batch 1 (fused attention off, clustering added analytically)')
     header = f'{"model":<30}{"GMACs":>8}' + ''.join(f'{f"img/s b{b}":>12}{"x":>7}' for b in args.batch_sizes)
     print(header)
-    for name, r in results.items():
+    for name, r in report['results'].items():
         row = f'{name:<30}{r["gmacs"]["gmacs"]:>8.3f}'
         for b in args.batch_sizes:
             row += f'{r[f"batch_{b}"]["images_per_s"]:>12.1f}{r[f"batch_{b}"]["speedup"]:>6.2f}x'

@@ -2,6 +2,8 @@
 
 The cases run one after the other inside every repeat, so they share the machine's state (other
 load, clocks, caches); the median over repeats then compares them fairly on a noisy shared CPU.
+On CUDA every call is timed to the end of the work it queued (the device is synchronised around it).
+Precision is ``fp32`` or ``bf16``: bf16 runs the forward under ``torch.autocast`` (``autocast``).
 """
 import statistics
 import time
@@ -11,7 +13,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ['time_interleaved', 'median_seconds', 'inference_speed', 'recursive_train_step']
+__all__ = ['PRECISIONS', 'autocast', 'time_interleaved', 'median_seconds', 'inference_speed', 'recursive_train_step']
+
+PRECISIONS = ('fp32', 'bf16')
+
+
+def autocast(device, precision: str):
+    """The forward's context at ``precision``: bf16 autocast on ``device``'s type, or no autocast for fp32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f'precision must be one of {PRECISIONS}, got {precision!r}')
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == 'bf16')
+
+
+def _wait_for_device() -> None:
+    # CUDA kernels run asynchronously: without this a call's time would be that of queueing its work
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def time_interleaved(cases: Dict[str, Callable[[], None]], repeats: int = 5, warmup: int = 1) -> Dict[str, List[float]]:
@@ -24,8 +41,10 @@ def time_interleaved(cases: Dict[str, Callable[[], None]], repeats: int = 5, war
     seconds: Dict[str, List[float]] = {name: [] for name in cases}
     for _ in range(repeats):
         for name, fn in cases.items():
+            _wait_for_device()
             start = time.perf_counter()
             fn()
+            _wait_for_device()
             seconds[name].append(time.perf_counter() - start)
     return seconds
 
@@ -36,12 +55,12 @@ def median_seconds(cases: Dict[str, Callable[[], None]], repeats: int = 5, warmu
 
 
 def inference_speed(models: Dict[str, nn.Module], images: torch.Tensor, baseline: str,
-                    repeats: int = 5) -> Dict[str, Dict[str, float]]:
-    """Images/s of every model on ``images`` (inference mode, interleaved, median over ``repeats``) and
-    its speed-up over the model named ``baseline``."""
+                    repeats: int = 5, precision: str = 'fp32') -> Dict[str, Dict[str, float]]:
+    """Images/s of every model on ``images`` (inference mode at ``precision``, interleaved, median over
+    ``repeats``) and its speed-up over the model named ``baseline``."""
     def infer(model):
         def run():
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast(images.device, precision):
                 model(images)
         return run
 
@@ -50,13 +69,14 @@ def inference_speed(models: Dict[str, nn.Module], images: torch.Tensor, baseline
 
 
 def recursive_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
-                         labels: torch.Tensor, aux_weight: float) -> None:
+                         labels: torch.Tensor, aux_weight: float, precision: str = 'fp32') -> None:
     """One training step of a recursive model as the speed benchmarks time it: the forward over every
-    recursion step, cross-entropy on every step's logits plus ``aux_weight`` x the MoE auxiliary loss,
-    the backward and the optimizer update."""
-    step_logits, aux = model.forward_steps(images)
-    num_steps = step_logits.shape[0]
-    loss = F.cross_entropy(step_logits.flatten(0, 1), labels.repeat(num_steps)) + aux_weight * aux
+    recursion step, cross-entropy on every step's logits plus ``aux_weight`` x the MoE auxiliary loss
+    (at ``precision``), the backward and the optimizer update."""
+    with autocast(images.device, precision):
+        step_logits, aux = model.forward_steps(images)
+        num_steps = step_logits.shape[0]
+        loss = F.cross_entropy(step_logits.flatten(0, 1), labels.repeat(num_steps)) + aux_weight * aux
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
