@@ -4,7 +4,7 @@ import pytest
 
 from timm_recursive.data import DatasetError, resolve_dataset
 
-from helpers import TINY_RUN, load_script
+from helpers import TINY_RUN, assert_one_error_line, load_script
 
 TINY_DINO = ['--preset', 'cpu28', '--dataset', 'digits', '--max-train-samples', '16', '-b', '8', '--epochs', '1',
              '--no-progress']
@@ -50,15 +50,7 @@ def _argv(command: str, argv, output: str):
 @pytest.mark.parametrize('command,argv,message', CASES, ids=[' '.join([c, *a]) for c, a, _ in CASES])
 def test_bad_input_is_one_error_line_and_exit_2_with_nothing_written(command, argv, message, tmp_path, capsys):
     output = tmp_path / 'out'
-    try:
-        status = load_script(command).main(_argv(command, argv, str(output)))
-    except SystemExit as e:  # argparse's usage errors
-        status = e.code
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if 'error:' in line]
-    assert status == 2 and len(errors) == 1 and message in errors[0], err
-    assert 'Traceback' not in err
-    assert not output.exists()
+    assert_one_error_line(load_script(command).main, _argv(command, argv, str(output)), output, capsys, message)
 
 
 def test_wandb_logging_is_refused_when_wandb_is_missing(tmp_path, capsys, monkeypatch):

@@ -13,7 +13,7 @@ from PIL import Image
 import timm_recursive.data as data
 from timm_recursive.data import RepeatAugBatches, create_dataset_transform, resolve_dataset
 
-from helpers import TINY_RUN, load_script
+from helpers import TINY_RUN, assert_one_error_line, load_script
 
 train_script = load_script('train')
 FASHION_CLASSES = ['T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt', 'Sneaker', 'Bag',
@@ -219,14 +219,7 @@ MISSING = '/nonexistent/timm_recursive_data'
 ])
 def test_bad_data_options_are_one_error_line_and_exit_2_with_nothing_written(argv, message, tmp_path, capsys):
     output = tmp_path / 'out'
-    try:
-        status = train_script.main(_tiny_run(*argv, '--output', str(output)))
-    except SystemExit as e:  # argparse's usage errors
-        status = e.code
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if 'error:' in line]
-    assert status == 2 and len(errors) == 1 and message in errors[0], err
-    assert 'Traceback' not in err and not output.exists()
+    assert_one_error_line(train_script.main, _tiny_run(*argv, '--output', str(output)), output, capsys, message)
 
 
 def test_a_class_map_without_the_datasets_classes_names_them(tmp_path):

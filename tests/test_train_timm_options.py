@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import TINY_RUN, load_script
+from helpers import TINY_RUN, assert_one_error_line, load_script
 
 train_script = load_script('train')
 MISSING = '/nonexistent/timm_recursive_weights.safetensors'
@@ -197,11 +197,5 @@ CASES = [
 @pytest.mark.parametrize('argv,message', CASES, ids=[' '.join(a) for a, _ in CASES])
 def test_bad_timm_options_are_one_error_line_and_exit_2_with_nothing_written(argv, message, tmp_path, capsys):
     output = tmp_path / 'out'
-    try:
-        status = train_script.main([*TINY_RUN, '--epochs', '1', *argv, '--output', str(output)])
-    except SystemExit as e:  # argparse's usage errors
-        status = e.code
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if 'error:' in line]
-    assert status == 2 and len(errors) == 1 and message in errors[0], err
-    assert 'Traceback' not in err and not output.exists()
+    assert_one_error_line(train_script.main, [*TINY_RUN, '--epochs', '1', *argv, '--output', str(output)], output,
+                          capsys, message)
