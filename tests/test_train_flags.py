@@ -164,7 +164,9 @@ def test_bad_halting_flags_are_usage_errors(argv, message, capsys):
 # Mixup 0.8 with CutMix 1.0 switched half the time, label smoothing 0.1), as a config file timm users write
 DEIT_RECIPE = ('aa: rand-m9-mstd0.5-inc1\nreprob: 0.25\nremode: pixel\nrecount: 1\ncolor-jitter: 0.3\n'
                'mixup: 0.8\ncutmix: 1.0\nmixup-prob: 1.0\nmixup-switch-prob: 0.5\nmixup-mode: batch\n'
-               'smoothing: 0.1\nmixup-off-epoch: 1\n')
+               'smoothing: 0.1\nmixup-off-epoch: 1\ntrain-interpolation: bicubic\nopt-eps: 1.0e-8\n'
+               'lr-base: 5.0e-4\nlr-base-size: 512\nlr-base-scale: linear\nwarmup-lr: 1.0e-6\nmin-lr: 1.0e-5\n'
+               'cooldown-epochs: 1\n')
 
 
 def test_a_deit_recipe_config_trains_with_timm_augmentations(tmp_path):
@@ -178,7 +180,11 @@ def test_a_deit_recipe_config_trains_with_timm_augmentations(tmp_path):
     assert train_script.main(TINY_RUN + ['-c', str(config), '--epochs', '2', '--output', str(run)]) == 0
     recorded = json.loads((run / 'args.json').read_text())
     assert recorded['aa'] == 'rand-m9-mstd0.5-inc1' and recorded['reprob'] == 0.25 and recorded['mixup_off_epoch'] == 1
-    assert len((run / 'metrics.jsonl').read_text().splitlines()) == 2
+    assert recorded['train_interpolation'] == 'bicubic' and recorded['opt_eps'] == 1e-8
+    # DeiT's learning rate rule, 5e-4 per 512 images of global batch, here batch 16
+    assert recorded['lr'] == pytest.approx(5e-4 * 16 / 512)
+    # timm's cosine schedule adds the cooldown epoch to the 2 asked for
+    assert len((run / 'metrics.jsonl').read_text().splitlines()) == 3
 
 
 def test_the_train_transform_applies_the_augmentation_flags():
