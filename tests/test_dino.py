@@ -340,7 +340,7 @@ def test_segmentation_dataset_errors_name_the_problem(tmp_path, capsys):
     assert "column 'mask' is not a per-pixel mask of the images" in capsys.readouterr().err
 
 
-def test_pca_comparison_figure_of_two_backbones(dino_run, tmp_path):
+def test_pca_comparison_figure_of_two_backbones(dino_run, tmp_path, capsys):
     from timm_recursive.analysis import attention_maps
     model = os.path.join(dino_run, 'model')
     out = str(tmp_path / 'figure')
@@ -349,3 +349,10 @@ def test_pca_comparison_figure_of_two_backbones(dino_run, tmp_path):
     from PIL import Image
     width, height = Image.open(os.path.join(out, 'pca_compare.png')).size
     assert width > height  # 2 rows of 3 panels
+    # the trained entmax backbones' sparsity, printed and written: 1 block, 2 heads, 16 patches + [CLS] + 2 registers
+    printed = capsys.readouterr().out
+    sparsity = json.load(open(os.path.join(out, 'sparsity.json')))
+    assert sorted(sparsity) == ['again', 'entmax'] and sparsity['entmax'] == sparsity['again']
+    stats = sparsity['entmax']
+    assert stats['seq_len'] == 19 and len(stats['zero_fraction']) == 1 and len(stats['support_per_head'][0]) == 2
+    assert f'entmax layer  0: {100 * stats["zero_fraction"][0]:5.1f}% zeros' in printed

@@ -25,9 +25,13 @@ def test_collect_then_tables(tmp_path):
     _variant_run(tmp_path / 'entmax', 'vit_small_entmax', 59.0)
     _variant_run(tmp_path / 'reg4', 'vit_small_patch16_224', 44.0, reg_tokens=4)
     (tmp_path / 'canvases').mkdir()  # not a run: skipped
+    sparsity = {'zero_fraction': [0.25], 'support_per_head': [[6.0, 9.0]], 'seq_len': 10, 'alpha': [1.5]}
+    (tmp_path / 'sparsity.json').write_text(json.dumps({'entmax': sparsity}))  # attention_maps --compare's
     result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert sorted(json.loads((tmp_path / 'results.json').read_text())) == ['entmax', 'reg4']
+    results = json.loads((tmp_path / 'results.json').read_text())
+    assert sorted(results) == ['entmax', 'reg4']
+    assert results['entmax']['attention_sparsity'] == sparsity and 'attention_sparsity' not in results['reg4']
 
     pieces = import_file(STUDY / 'tables.py').tables(tmp_path)
     assert '| reg4 | `vit_small_patch16_224` reg_tokens=4 | 1,000 x 2 | 4.0 | 6.5000 | 44.00 | 12.00 | 15.00 |' \

@@ -1,4 +1,5 @@
 """Entmax ViTs: timm state dicts load strictly, alpha=1 is the softmax ViT, conversion, sparsity, errors."""
+import json
 import os
 
 import numpy as np
@@ -112,7 +113,7 @@ def test_bad_arguments():
         timm.create_model('vit_tiny_entmax', not_an_argument=1)
 
 
-def test_sparsity_and_pca_report_files(tmp_path):
+def test_sparsity_and_pca_report_files(tmp_path, capsys):
     from timm_recursive.analysis.attention_maps import attention_sparsity, main, pca_feature_maps
     torch.manual_seed(0)
     model = timm.create_model('vit_tiny_entmax', **SMALL)
@@ -129,6 +130,9 @@ def test_sparsity_and_pca_report_files(tmp_path):
     Image.fromarray(np.random.RandomState(0).randint(0, 255, (40, 50, 3), dtype=np.uint8)).save(picture)
     assert main(['--model', 'vit_tiny_patch16_224', '--images', str(picture), '--out', str(out)]) == 0
     assert sorted(os.listdir(out)) == ['pca_0.png', 'sparsity.json', 'sparsity.png']
+    written = json.loads((out / 'sparsity.json').read_text())
+    assert len(written['zero_fraction']) == 12 and written['alpha'] == [1.5] * 12 and written['seq_len'] == 197
+    assert f'layer 11: {100 * written["zero_fraction"][11]:5.1f}% zeros' in capsys.readouterr().out  # as printed
     assert main(['--model', 'vit_tiny_patch16_224', '--out', str(tmp_path / 'bundled')]) == 0  # sklearn's 2 photos
     assert 'pca_1.png' in os.listdir(tmp_path / 'bundled')
     with pytest.raises(ValueError, match='cannot read image'):

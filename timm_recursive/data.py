@@ -16,11 +16,16 @@
   ``torch/<name>`` (a torchvision dataset in ``data_dir``, built by ``timm.data.create_dataset``) and
   ``''`` (the folder ``data_dir``, as timm's folder dataset).
 
+``resolve_segmentation_dataset(name)`` does the same for image and per-pixel mask columns, and reads two
+official segmentation layouts in ``data_dir`` through torchvision's readers: ``torch/voc2012``
+(``VOCSegmentation``) and ``torch/cityscapes`` (``Cityscapes``, fine masks as the 19 train ids).
+
 ``create_dataset_transform(model, splits, is_training)`` builds timm's transform from the model's
 pretrained config and adapts every image to the model's channels (grayscale or RGB) and size.
 """
 import contextlib
 import gzip
+import hashlib
 import logging
 import os
 import pickle
@@ -33,7 +38,7 @@ __all__ = [
     'DATASET_ALIASES', 'IDX_DIRS', 'DatasetSplits', 'DatasetError', 'resolve_dataset', 'read_idx',
     'create_dataset_transform', 'hold_out', 'load_dataset_dict', 'resolve_model_data_config', 'image_mode', 'to_pil',
     'SegmentationSplits', 'resolve_segmentation_dataset', 'to_mask_array', 'split_dataset_prefix', 'load_class_map',
-    'RepeatAugBatches',
+    'RepeatAugBatches', 'TORCHVISION_SEGMENTATION', 'cityscapes_train_ids',
 ]
 
 DATASET_ALIASES = {
@@ -470,6 +475,13 @@ class RepeatAugBatches:
 
 
 MASK_COLUMNS = ('mask', 'annotation', 'segmentation', 'semantic_segmentation', 'label')
+# torch/<name> segmentation datasets: torchvision reads the official layout of a split in data_dir (named in errors)
+TORCHVISION_SEGMENTATION = {
+    'voc2012': 'VOCdevkit/VOC2012/ with JPEGImages/, SegmentationClass/ and ImageSets/Segmentation/{split}.txt',
+    'cityscapes': 'leftImg8bit/{split}/<city>/*_leftImg8bit.png and gtFine/{split}/<city>/*_gtFine_labelIds.png',
+}
+# the label of the pixels no class is evaluated on: VOC's object boundaries, Cityscapes' void train id
+SEGMENTATION_IGNORE_INDEX = 255
 
 
 @dataclass
@@ -482,17 +494,93 @@ class SegmentationSplits:
     notes: List[str] = field(default_factory=list)
 
 
+def cityscapes_train_ids(label_ids) -> np.ndarray:
+    """A Cityscapes ``*_labelIds.png`` mask (its 34 label ids, -1 the licence plate) as the 19 train ids of the
+    evaluated classes, ``SEGMENTATION_IGNORE_INDEX`` elsewhere: the id -> train id table of torchvision's
+    ``Cityscapes.classes``, whose void and unevaluated classes have train id 255 or -1."""
+    from torchvision.datasets import Cityscapes
+    ids = np.asarray(label_ids, dtype=np.int64)
+    train_ids = np.full(ids.shape, SEGMENTATION_IGNORE_INDEX, np.uint8)
+    for label in Cityscapes.classes:
+        if 0 <= label.train_id < SEGMENTATION_IGNORE_INDEX:
+            train_ids[ids == label.id] = label.train_id
+    return train_ids
+
+
+def _cityscapes_rows(pairs):
+    from PIL import Image
+    for image, labels in pairs:
+        with Image.open(labels) as label_ids:
+            yield {'image': image, 'mask': Image.fromarray(cityscapes_train_ids(label_ids))}
+
+
+def _torchvision_segmentation_split(name: str, data_dir: str, split: str):
+    """``(image paths, mask paths, reader class name)`` of one split of ``torch/voc2012`` or ``torch/cityscapes``."""
+    from torchvision.datasets import Cityscapes, VOCSegmentation
+    layout = TORCHVISION_SEGMENTATION[name].format(split=split)
+    try:
+        if name == 'voc2012':
+            reader = VOCSegmentation(data_dir, year='2012', image_set=split)
+            masks = reader.masks
+        else:
+            reader = Cityscapes(data_dir, split=split, mode='fine', target_type='semantic')
+            masks = [targets[0] for targets in reader.targets]  # one path per target type
+    except (RuntimeError, OSError, ValueError) as e:  # folders or split list missing, an unknown split
+        raise DatasetError(f'torch/{name} looks for {layout} in --data-dir {data_dir}: {_first_line(e)}') from e
+    # VOC lists its files without opening them: a missing one is named here, not on its first read
+    missing = next((path for path in (*reader.images, *masks) if not os.path.isfile(path)), None)
+    if missing is not None:
+        raise DatasetError(f'torch/{name} (split {split!r}): {missing} is missing')
+    if not reader.images:
+        raise DatasetError(f'torch/{name}: no images in {layout} in --data-dir {data_dir}')  # an empty split
+    return reader.images, masks, type(reader).__name__
+
+
+def _load_torchvision_segmentation(name: str, data_dir: Optional[str], splits: Sequence[str]):
+    """``torch/voc2012`` and ``torch/cityscapes``: the splits torchvision's reader lists in ``data_dir`` as
+    ``datasets.Dataset`` s of ``image`` and ``mask`` (file paths, decoded when read). VOC's palette masks are
+    its class indices already (255 on object boundaries); Cityscapes' label ids are mapped to train ids
+    (``cityscapes_train_ids``) once, in datasets' cache."""
+    import datasets
+    if data_dir is None:
+        raise DatasetError(f'torch/{name} reads its official folders from --data-dir: give the folder')
+    features = datasets.Features({'image': datasets.Image(), 'mask': datasets.Image()})
+    dd = {}
+    for split in splits:
+        images, masks, reader = _torchvision_segmentation_split(name, data_dir, split)
+        if name == 'voc2012':
+            dd[split] = datasets.Dataset.from_dict({'image': images, 'mask': masks}, features=features)
+            continue
+        pairs = list(zip(images, masks))
+        # datasets caches the converted masks under this key of the label files and the id mapping: a rewritten
+        # file, or another torchvision table, is converted again
+        stamps = [(path, os.stat(path).st_size, os.stat(path).st_mtime_ns) for _, path in pairs]
+        mapping = cityscapes_train_ids(np.arange(-1, 34)).tolist()
+        fingerprint = hashlib.sha256(repr((stamps, mapping)).encode()).hexdigest()
+        dd[split] = datasets.Dataset.from_generator(_cityscapes_rows, features=features, gen_kwargs={'pairs': pairs},
+                                                    fingerprint=fingerprint)
+    return datasets.DatasetDict(dd), f'torchvision {reader} in {data_dir}'
+
+
 def resolve_segmentation_dataset(
         name: str,
         image_column: Optional[str] = None,
         mask_column: Optional[str] = None,
         train_split: Optional[str] = None,
         eval_split: Optional[str] = None,
+        data_dir: Optional[str] = None,
 ) -> SegmentationSplits:
     """Train/eval splits of a semantic-segmentation dataset: an image column and a per-pixel label mask
     column (``mask``, ``annotation`` as in ADE20K's ``scene_parse_150``, ``segmentation``, ...) of the same
-    size; ``name`` is resolved as for ``resolve_dataset`` (Hub id, ``save_to_disk`` / parquet folder)."""
-    dd, source, notes = load_dataset_dict(name)
+    size; ``name`` is resolved as for ``resolve_dataset`` (Hub id, ``save_to_disk`` / parquet folder, the
+    timm names with ``data_dir``), or is one of ``TORCHVISION_SEGMENTATION``'s ``torch/`` names, read from
+    ``data_dir`` (default splits ``train`` and ``val``)."""
+    prefix, rest = split_dataset_prefix(name) if isinstance(name, str) else ('', name)
+    if prefix == 'torch' and rest in TORCHVISION_SEGMENTATION:
+        dd, source = _load_torchvision_segmentation(rest, data_dir, (train_split or 'train', eval_split or 'val'))
+        notes = []
+    else:
+        dd, source, notes = load_dataset_dict(name, data_dir)
     train = _pick(list(dd), train_split, ('train',), 'train split')
     evaluation = _pick(list(dd), eval_split, ('validation', 'val', 'test', 'valid'), 'eval split')
     columns = dd[train].column_names

@@ -4,7 +4,8 @@
     python experiments/dino_fashion_mnist/collect.py runs/dino_fashion_mnist
 
 Reads, for each variant folder under the root, ``summary.json`` (pretraining) and the probes'
-``linear.json``, ``segment.json`` and ``segment_cls.json``; writes ``<root>/results.json``.
+``linear.json``, ``segment.json`` and ``segment_cls.json``, and the measured attention sparsity of the entmax
+variants from ``<root>/sparsity.json`` (``attention_maps --compare``); writes ``<root>/results.json``.
 """
 import argparse
 import json
@@ -31,9 +32,15 @@ def main(argv=None) -> int:
     if not rows:
         print(f'no finished variant under {root}', file=sys.stderr)
         return 2
+    sparsity, sparsity_file = {}, os.path.join(root, 'sparsity.json')
+    if os.path.isfile(sparsity_file):  # run.sh writes it last: a root gathered before has none
+        with open(sparsity_file) as f:
+            sparsity = json.load(f)
     results = {variant: {'model': r['summary']['model'], 'model_kwargs': r['summary']['model_kwargs'],
                          'pretraining': r['summary'], 'linear': r['linear'], 'segment': r['segment'],
-                         'segment_cls': r['segment_cls']} for variant, r in rows.items()}
+                         'segment_cls': r['segment_cls'],
+                         **({'attention_sparsity': sparsity[variant]} if variant in sparsity else {})}
+               for variant, r in rows.items()}
     path = os.path.join(root, 'results.json')
     write_json_atomic(path, results)
     print(f'wrote {path} ({", ".join(results)})')

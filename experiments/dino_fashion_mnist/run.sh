@@ -4,7 +4,8 @@
 # Debian package's IDX files, or the Hub dataset), then frozen-feature probes: linear classification on
 # FashionMNIST, and dense linear segmentation on 2x2 canvases of FashionMNIST test/train images whose
 # foreground pixels carry their image's class (probe.py compose), with and without [CLS] concatenated;
-# finally the side-by-side PCA figure and OUTPUT_ROOT/results.json (collect.py). The three variants train
+# finally the side-by-side PCA figure, the entmax backbone's measured attention sparsity (sparsity.json) and
+# OUTPUT_ROOT/results.json (collect.py). The three variants train
 # at the same time (one thread each); a stopped run resumes from its last saved state when rerun.
 # Usage: experiments/dino_fashion_mnist/run.sh [OUTPUT_ROOT]   (IMAGES, EPOCHS, CANVASES, LINEAR_IMAGES override the sizes)
 # The committed results are updated only by copying from OUTPUT_ROOT:

@@ -13,10 +13,11 @@ cleaner, spatially coherent features.
 ``python -m timm_recursive.analysis.attention_maps --model vit_small_entmax --out DIR`` writes
 ``sparsity.json``, ``sparsity.png`` (layer x head heatmap) and ``pca_<i>.png`` (image | map).
 ``--compare softmax=DIR entmax=DIR ...`` instead writes ``pca_compare.png``: the same images, one PCA map
-per backbone side by side (e.g. the DINO backbones of ``train_scripts/train_dino.py``).
+per backbone side by side (e.g. the DINO backbones of ``train_scripts/train_dino.py``), and
+``sparsity.json``: the sparsity of each backbone with entmax attention on those images, by name. Both
+commands print the sparsity they write.
 """
 import argparse
-import json
 import os
 from typing import Dict, List, Optional
 
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from timm_recursive.layers import EntmaxAttention
+from timm_recursive.train.files import write_json_atomic
 
 from .images import dataset_images, denormalise, load_images
 
@@ -107,8 +109,7 @@ def write_report(model: nn.Module, images: torch.Tensor, out: str, config: dict)
 
     os.makedirs(out, exist_ok=True)
     stats = attention_sparsity(model, images)
-    with open(os.path.join(out, 'sparsity.json'), 'w') as f:
-        json.dump(stats, f, indent=2)
+    write_json_atomic(os.path.join(out, 'sparsity.json'), stats)
     support = np.asarray(stats['support_per_head'])
     fig, ax = plt.subplots(figsize=(max(4.5, 1.5 + 0.5 * support.shape[1]), 1.2 + 0.35 * support.shape[0]))
     im = ax.imshow(1 - support / stats['seq_len'], vmin=0, vmax=1, cmap='viridis', aspect='auto')
@@ -161,8 +162,15 @@ def write_pca_comparison(models: Dict[str, nn.Module], images: torch.Tensor, pat
     os.replace(f'{path}.tmp.png', path)
 
 
+def print_sparsity(stats: Dict[str, list], prefix: str = '') -> None:
+    for layer, (zeros, heads) in enumerate(zip(stats['zero_fraction'], stats['support_per_head'])):
+        print(f'{prefix}layer {layer:2d}: {100 * zeros:5.1f}% zeros, keys kept per head '
+              + ' '.join(f'{h:.0f}' for h in heads))
+
+
 def compare_main(args) -> int:
-    """``--compare NAME=CHECKPOINT ...``: the side-by-side PCA figure of several backbones on the same images."""
+    """``--compare NAME=CHECKPOINT ...``: the side-by-side PCA figure of several backbones on the same images,
+    and the attention sparsity of the entmax ones."""
     from timm_recursive.data import resolve_model_data_config
     from timm_recursive.train import create_model_from_checkpoint
 
@@ -179,7 +187,14 @@ def compare_main(args) -> int:
               else load_images(args.images, config))
     path = os.path.join(args.out, 'pca_compare.png')
     write_pca_comparison(models, images, path, config)
-    print(f'wrote {path}')
+    # the sparsity of the trained entmax backbones on the same images (softmax has no exact zeros to count)
+    sparsity = {name: attention_sparsity(model, images) for name, model in models.items()
+                if any(isinstance(m, EntmaxAttention) for m in model.modules())}
+    for name, stats in sparsity.items():
+        print_sparsity(stats, f'{name} ')
+    if sparsity:
+        write_json_atomic(os.path.join(args.out, 'sparsity.json'), sparsity)
+    print(f'wrote {path}' + (f' and {os.path.join(args.out, "sparsity.json")}' if sparsity else ''))
     return 0
 
 
@@ -208,10 +223,7 @@ def main(argv=None) -> int:
     model = convert_to_entmax(timm.create_model(args.model, pretrained=args.pretrained), args.alpha).eval()
     config = resolve_data_config(model=model)
     images = load_images(args.images, config)
-    stats = write_report(model, images, args.out, config)
-    for layer, (zeros, heads) in enumerate(zip(stats['zero_fraction'], stats['support_per_head'])):
-        print(f'layer {layer:2d}: {100 * zeros:5.1f}% zeros, keys kept per head '
-              + ' '.join(f'{h:.0f}' for h in heads))
+    print_sparsity(write_report(model, images, args.out, config))
     print(f'wrote {args.out}/sparsity.json, sparsity.png and pca_*.png')
     return 0
 

@@ -35,7 +35,12 @@ loss), ``fusion_objective_terms``: ``L_imp``, the [CLS] attention mass that fall
 tokens (the importance left to fusion), so attention concentrates on what is kept; ``L_div``, a
 clustering regulariser on the fused tokens, their within-cluster dispersion over their total
 dispersion (importance-weighted, ``W / T = 1 - B / T``): minimal when clusters are tight (the merge
-loses little) and their means far apart (the fused tokens are diverse).
+loses little) and their means far apart (the fused tokens are diverse). The source names the two
+terms, not their formulas: both are this project's definitions. ``L_imp`` follows EViT's attentive
+token keeping (the tokens of the largest [CLS] attention are kept; EViT itself adds no loss), as the
+share of that attention they miss; ``L_div`` follows the scatter decomposition ``T = W + B`` of
+k-means and Fisher's discriminant analysis, normalised by ``T`` (not a similarity penalty between
+tokens, and neither term is one of DynamicViT's ratio or distillation losses).
 
 ``token_sources`` composes recorded reductions into, for every original patch, the token that
 stands for it now, and how many patches each token stands for.

@@ -231,7 +231,9 @@ def record_token_fusion(model: nn.Module) -> Iterator[Dict[int, Dict[str, torch.
 class TokenFusionObjective:
     """``alpha L_imp + beta L_div`` over every ``TokenFusion`` of ``model``, from its last training forward.
 
-    The terms are ``token_fusion.fusion_objective_terms``'s, the source's training objective. They
+    The terms are ``token_fusion.fusion_objective_terms``'s: the source's objective names ``L_imp`` and
+    ``L_div`` but gives no formulas, so their forms are this project's (that module's docstring says what
+    each follows). They
     are part of the training loss, not an analysis: forward hooks on the layers' ``reduction`` hook
     points compute them during training forwards (``model.train()``; evaluation forwards compute
     nothing), with their gradient, and keep them until the next call; the hooks stay attached until

@@ -6,6 +6,11 @@
     timm-recursive-probe segment --checkpoint runs/dino_entmax/model --dataset data/fm_canvases
     timm-recursive-probe segment --model vit_small_patch16_224.dino --pretrained \\
         --dataset scene_parse_150 --reduce-zero-label --img-size 448
+    # VOC 2012 and Cityscapes from their official folders, read by torchvision
+    timm-recursive-probe segment --checkpoint runs/dino_entmax/model --dataset torch/voc2012 --data-dir data/voc \\
+        --num-classes 21
+    timm-recursive-probe segment --checkpoint runs/dino_entmax/model --dataset torch/cityscapes \\
+        --data-dir data/cityscapes --num-classes 19
     # one probe per block (the layer-by-layer analysis): mIoU of blocks 0, 3, 7 and the last
     timm-recursive-probe segment --checkpoint runs/dino_entmax/model --dataset data/fm_canvases --layers 0 3 7 -1
     # a segmentation dataset from a classification one: grids of images, foreground pixels labelled by class
@@ -14,8 +19,10 @@
 The backbone is ``--checkpoint`` (an exported folder such as ``train_dino.py``'s ``model/``, a run or
 state folder) or ``--model`` (with ``--pretrained``); it is built with ``num_classes=0`` and stays frozen.
 Segmentation datasets: a Hub id or local folder with an image column and a per-pixel mask column
-(``mask``, ``annotation`` as in ADE20K, ...); masks and images are resized to ``--img-size`` (nearest
-for masks) and mIoU is computed at that resolution. The result is printed and written to ``--results-file``.
+(``mask``, ``annotation`` as in ADE20K, ...), or ``torch/voc2012`` (``--data-dir`` holds
+``VOCdevkit/VOC2012``) and ``torch/cityscapes`` (``--data-dir`` holds ``leftImg8bit/`` and ``gtFine/``; masks
+as the 19 train ids, 255 void); masks and images are resized to ``--img-size`` (nearest for masks) and mIoU
+is computed at that resolution. The result is printed and written to ``--results-file``.
 """
 import argparse
 import json
@@ -48,7 +55,12 @@ def add_probe_arguments(p) -> None:
     g.add_argument('--pretrained', action='store_true')
     g.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs)
     g = p.add_argument_group('data')
-    g.add_argument('--dataset', required=True, help='a Hub id or alias, or a local folder')
+    g.add_argument('--dataset', required=True,
+                   help='a Hub id or alias, a local folder, or a timm name (hfds/ID, torch/NAME); segment also reads '
+                        'torch/voc2012 and torch/cityscapes from --data-dir')
+    g.add_argument('--data-dir', default=None, metavar='DIR',
+                   help='timm\'s dataset root (as train.py\'s): the torch/ files, the hfds/ download cache; '
+                        'torch/voc2012: the folder of VOCdevkit/, torch/cityscapes: of leftImg8bit/ and gtFine/')
     g.add_argument('--image-column', default=None)
     g.add_argument('--train-split', default=None)
     g.add_argument('--eval-split', default=None)
@@ -157,7 +169,7 @@ def run_linear(args, model) -> dict:
         raise ProbeError('--layers probes one block at a time: it cannot be combined with --n-last-blocks')
     blocks = _blocks(model, args.layers)
     splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
-                             train_split=args.train_split, eval_split=args.eval_split)
+                             train_split=args.train_split, eval_split=args.eval_split, data_dir=args.data_dir)
     transform = create_dataset_transform(model, splits, is_training=False)
 
     def features(x):
@@ -202,7 +214,8 @@ def collate_segmentation(batch):
 def run_segment(args, model) -> dict:
     blocks = _blocks(model, args.layers)
     splits = resolve_segmentation_dataset(args.dataset, image_column=args.image_column, mask_column=args.mask_column,
-                                          train_split=args.train_split, eval_split=args.eval_split)
+                                          train_split=args.train_split, eval_split=args.eval_split,
+                                          data_dir=args.data_dir)
     config = resolve_model_data_config(model)
     img_size = args.img_size or config['input_size'][-1]
     patch = model.patch_embed.patch_size
