@@ -511,3 +511,23 @@ def test_every_parameter_gets_gradient_through_the_reductions(mode):
     F.cross_entropy(model(torch.randn(4, 3, 96, 96)), torch.randint(0, 1000, (4,))).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.count_nonzero(p.grad) > 0, name
+
+
+def test_the_keep_rate_for_a_mac_budget_is_the_largest_within_it(capsys):
+    from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget, main
+    image = torch.randn(1, 3, 96, 96)
+
+    def build(keep_rate, fused=2):
+        torch.manual_seed(0)
+        return timm.create_model('deit_t_tokenfuse', keep_rate=keep_rate, num_fused_tokens=fused, **SMALL)
+
+    dense = count_gmacs(build(1.0).eval(), image)['gmacs']
+    budget = 0.7 * dense
+    found = keep_rate_for_budget(build, image, budget, tolerance=0.01)
+    assert 0 < found['keep_rate'] < 1 and found['gmacs']['gmacs'] <= budget < found['gmacs_above']
+    assert keep_rate_for_budget(build, image, 2 * dense)['keep_rate'] == 1.0
+    with pytest.raises(ValueError, match='below the cost at keep rate'):
+        keep_rate_for_budget(build, image, 0.01 * dense)
+    with pytest.raises(SystemExit) as exit_:
+        main(['--model', 'deit_t_tokenfuse', '--budget-gmacs', '0'])
+    assert exit_.value.code == 2 and '--budget-gmacs must be positive' in capsys.readouterr().err

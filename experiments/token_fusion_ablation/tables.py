@@ -21,6 +21,23 @@ def _top1(cell: Optional[Dict]) -> str:
     return pct(None if cell is None else cell['top1'])
 
 
+BUDGET = 'budget_deit_s.json'
+BUDGET_COMMAND = ('python -m timm_recursive.analysis.token_fusion_cost --budget-gmacs 3.0 --fused-tokens 2 4 '
+                  f'> results/{BUDGET}')
+
+
+def deit_s_budget_table(path: pathlib.Path) -> str:
+    """The keep rate of each ``num_fused_tokens`` that lands the model at the MAC budget (analytic, no accuracy)."""
+    if not path.exists():
+        return f'not measured yet: `{BUDGET_COMMAND}` measures it'
+    r = json.loads(path.read_text())
+    rows = [[fused, f'{found["keep_rate"]:.3f}', f'{found["gmacs"]["gmacs"]:.3f}', f'{found["gmacs_above"]:.3f}',
+             ' / '.join(str(n) for n in dict.fromkeys(found['tokens_per_block']))]
+            for fused, found in r['fused_tokens'].items()]
+    return markdown_table([f'{r["model"]}: fused tokens', f'keep rate at <= {r["budget_gmacs"]:g} GMACs',
+                           'its GMACs', f'GMACs {r["tolerance"]:g} higher', 'tokens per stage'], rows)
+
+
 def tables(results: pathlib.Path) -> Dict[str, str]:
     r = json.loads((results / 'results.json').read_text())
     cells, finetuned, cost = r['cells'], r['finetuned'], r['cost']
@@ -90,6 +107,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
               f'batch {r["cost_setup"]["batch"]}, {r["cost_setup"]["repeats"]} repeats, '
               f'{r["cost_setup"]["threads"]} thread, torch {r["cost_setup"]["torch"]}',
               'not recorded', 'not recorded']]),
+        'deit_s_budget': deit_s_budget_table(results / BUDGET),
         'headline': (f'keep 0.5 off the shelf: ' + ', '.join(f'{m} {pct(c["top1"])}%' for m, c in keep_05.items() if c)
                      + f' (dense {pct(dense["top1"])}%; small ViT on FashionMNIST)'),
     }

@@ -5,8 +5,18 @@
 recorded reduction (pairwise distances and merges, ``timm_recursive.layers.clustering_macs``) is
 added analytically (the density-peak clustering of Rodriguez & Laio 2014 / Du et al. 2016 is
 O(n^2 d) in the fused tokens). Used by ``benchmarks/token_fusion_cost.py`` and ``experiments/token_fusion_ablation/run.py``.
+
+``keep_rate_for_budget`` finds the keep rate that lands a token fusion model at a MAC budget, to compare
+with other token reducers at equal MACs rather than at an equal keep rate (BAT and EViT report DeiT-S at
+about 3.0 GMACs):
+
+    python -m timm_recursive.analysis.token_fusion_cost --model deit_s_tokenfuse --budget-gmacs 3.0 \
+        --fused-tokens 2 4 > budget.json
 """
-from typing import Dict
+import argparse
+import json
+import sys
+from typing import Callable, Dict
 
 import torch
 from torch import nn
@@ -15,7 +25,7 @@ from timm.layers import Attention
 
 from timm_recursive.layers import clustering_macs, record_token_fusion
 
-__all__ = ['count_gmacs']
+__all__ = ['count_gmacs', 'keep_rate_for_budget']
 
 
 def count_gmacs(model: nn.Module, image: torch.Tensor) -> Dict[str, float]:
@@ -37,3 +47,59 @@ def count_gmacs(model: nn.Module, image: torch.Tensor) -> Dict[str, float]:
     counted = counter.get_total_flops() / 2  # the counter reports 2 FLOPs per multiply-accumulate
     return {'counted_gmacs': counted / 1e9, 'clustering_gmacs': clustering / 1e9,
             'gmacs': (counted + clustering) / 1e9}
+
+
+def keep_rate_for_budget(build: Callable[[float], nn.Module], image: torch.Tensor, budget_gmacs: float,
+                         tolerance: float = 1e-3) -> Dict:
+    """The largest keep rate (within ``tolerance``) whose model, ``build(keep_rate)``, costs at most
+    ``budget_gmacs`` on ``image``, found by bisection (the cost grows with the keep rate, in steps of one
+    kept token). Returns the keep rate, its ``count_gmacs`` and the cost one ``tolerance`` above it; a
+    budget below the smallest keep rate's cost (or the whole range within budget) is said, not rounded."""
+    def cost(keep_rate: float) -> float:
+        return count_gmacs(build(keep_rate).eval(), image)['gmacs']
+
+    if cost(1.0) <= budget_gmacs:
+        return {'keep_rate': 1.0, 'gmacs': count_gmacs(build(1.0).eval(), image), 'within_budget_at_keep_1': True}
+    low, high = tolerance, 1.0
+    if cost(low) > budget_gmacs:
+        raise ValueError(f'{budget_gmacs} GMACs is below the cost at keep rate {low} ({cost(low):.3f} GMACs)')
+    while high - low > tolerance:
+        middle = (low + high) / 2
+        low, high = (middle, high) if cost(middle) <= budget_gmacs else (low, middle)
+    return {'keep_rate': round(low, 6), 'gmacs': count_gmacs(build(low).eval(), image),
+            'gmacs_above': cost(min(1.0, low + tolerance))}
+
+
+def main(argv=None) -> int:
+    import timm
+    import timm_recursive  # noqa: F401  registers the models
+    parser = argparse.ArgumentParser(description='The keep rate of a token fusion model at a MAC budget',
+                                     allow_abbrev=False)
+    parser.add_argument('--model', default='deit_s_tokenfuse')
+    parser.add_argument('--budget-gmacs', type=float, required=True)
+    parser.add_argument('--fused-tokens', type=int, nargs='+', default=[4], help='num_fused_tokens values')
+    parser.add_argument('--tolerance', type=float, default=1e-3, help='keep rate resolution')
+    args = parser.parse_args(argv)
+    if args.budget_gmacs <= 0 or not 0 < args.tolerance < 1:
+        parser.error('--budget-gmacs must be positive and --tolerance in (0, 1)')
+    torch.manual_seed(0)
+    dense = timm.create_model(args.model, keep_rate=1.0).eval()
+    image = torch.randn(1, *dense.pretrained_cfg['input_size'])
+    report = {'model': args.model, 'budget_gmacs': args.budget_gmacs, 'tolerance': args.tolerance,
+              'dense_gmacs': count_gmacs(dense, image)['gmacs'], 'torch': torch.__version__, 'fused_tokens': {}}
+    for fused in args.fused_tokens:
+        def build(keep_rate: float, fused=fused) -> nn.Module:
+            return timm.create_model(args.model, keep_rate=keep_rate, num_fused_tokens=fused)
+        try:
+            found = keep_rate_for_budget(build, image, args.budget_gmacs, args.tolerance)
+        except ValueError as e:
+            print(f'error: num_fused_tokens={fused}: {e}', file=sys.stderr)
+            return 2
+        found['tokens_per_block'] = build(found['keep_rate']).token_counts()
+        report['fused_tokens'][str(fused)] = found
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
