@@ -5,7 +5,7 @@ import os
 import pytest
 from PIL import Image
 
-from helpers import TINY_RUN, load_script
+from helpers import ROOT, TINY_RUN, load_script
 
 train_script = load_script('train')
 
@@ -185,6 +185,21 @@ def test_a_deit_recipe_config_trains_with_timm_augmentations(tmp_path):
     assert recorded['lr'] == pytest.approx(5e-4 * 16 / 512)
     # timm's cosine schedule adds the cooldown epoch to the 2 asked for
     assert len((run / 'metrics.jsonl').read_text().splitlines()) == 3
+
+
+def test_the_committed_deit_recipe_is_the_documented_fine_tuning_command():
+    import shlex
+    import yaml
+    recipe_path = os.path.join(ROOT, 'train_scripts', 'recipes', 'deit_finetune.yaml')
+    docs = open(os.path.join(ROOT, 'docs', 'token_fusion.md')).read()
+    command = docs.split('train_scripts/train.py', 1)[1].split('timm-recursive-evaluate', 1)[0]
+    documented = train_script.parse_args(shlex.split(command.replace('\\\n', ' ')))
+    from_recipe = train_script.parse_args(['-c', recipe_path, '--model', 'deit_s_tokenfuse'])
+    keys = [key.replace('-', '_') for key in yaml.safe_load(open(recipe_path))]
+    keys = ['label_smoothing' if key == 'smoothing' else key for key in keys]
+    differing = {k: (getattr(from_recipe, k), getattr(documented, k)) for k in keys
+                 if getattr(from_recipe, k) != getattr(documented, k)}
+    assert differing == {}, differing
 
 
 def test_the_train_transform_applies_the_augmentation_flags():
