@@ -147,6 +147,7 @@ def write_plot(results: Dict[str, Dict], path: str) -> None:
         line, = ax.plot(blocks, result['pib'], marker='o', label=name)
         ax.plot(blocks, result['chance'], '--', color=line.get_color(),
                 label='chance (box area / grid area)' if i == 0 else None)
+    ax.set_xticks(range(max(len(result['pib']) for result in results.values())))
     ax.set_xlabel('block')
     ax.set_ylabel('attention inside the box (PiB)')
     ax.set_ylim(0, 1)
