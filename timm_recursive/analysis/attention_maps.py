@@ -3,7 +3,8 @@
 ``attention_sparsity(model, images)`` reads the probabilities of every ``EntmaxAttention`` during one
 forward (forward hooks on their ``attn_drop``, fused kernels off meanwhile: the convention of
 ``timm_recursive.layers``) and returns, per layer and per head, the fraction of exact zeros in the
-attention maps and the mean support (keys kept) per query.
+attention maps and the mean support (keys kept) per query. ``capture_attention`` is that reading, for any
+timm ``Attention`` layer (softmax too; ``point_in_box`` uses it).
 
 ``pca_feature_maps(model, images)`` projects the final patch features of a batch on their first three
 principal components (fitted on all patches of the batch together) and returns them as RGB maps on
@@ -19,10 +20,11 @@ commands print the sparsity they write.
 """
 import argparse
 import os
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
+from timm.layers import Attention
 from torch import nn
 
 from timm_recursive.layers import EntmaxAttention
@@ -30,7 +32,7 @@ from timm_recursive.train.files import write_json_atomic
 
 from .images import dataset_images, denormalise, load_images
 
-__all__ = ['attention_sparsity', 'pca_feature_maps', 'write_pca_comparison']
+__all__ = ['capture_attention', 'attention_sparsity', 'pca_feature_maps', 'write_pca_comparison']
 
 
 def _entmax_layers(model: nn.Module) -> List[EntmaxAttention]:
@@ -41,25 +43,23 @@ def _entmax_layers(model: nn.Module) -> List[EntmaxAttention]:
 
 
 @torch.no_grad()
-def attention_sparsity(model: nn.Module, images: torch.Tensor) -> Dict[str, list]:
-    """Per-layer and per-head sparsity of ``model``'s entmax attention on ``images``.
+def capture_attention(model: nn.Module, images: torch.Tensor, layers: Sequence[Attention],
+                      keep: Callable[[torch.Tensor], torch.Tensor]) -> List[torch.Tensor]:
+    """``keep(probabilities)`` of each of ``layers`` (timm ``Attention`` modules, ``EntmaxAttention`` included)
+    during one eval-mode forward of ``images``; the probabilities are (B, heads, N, N), read by a forward
+    hook on the layer's ``attn_drop`` with the fused kernels off meanwhile (they return no probabilities)."""
+    kept: List[Optional[torch.Tensor]] = [None] * len(layers)
 
-    Returns ``zero_fraction`` (per layer), ``support_per_head`` (layers x heads, mean keys kept per
-    query), ``seq_len`` and ``alpha`` (per layer).
-    """
-    layers = _entmax_layers(model)
-    support: List[Optional[torch.Tensor]] = [None] * len(layers)  # keys kept per query, (B, heads, N)
-
-    def keep_support(index: int):
+    def keep_layer(index: int):
         def hook(module, inputs, output):
-            support[index] = (inputs[0] > 0).sum(-1).float()  # the input: the probabilities before dropout
+            kept[index] = keep(inputs[0])  # the input: the probabilities before dropout
         return hook
 
     was_training, fused = model.training, [layer.fused_attn for layer in layers]
-    handles = [layer.attn_drop.register_forward_hook(keep_support(i)) for i, layer in enumerate(layers)]
+    handles = [layer.attn_drop.register_forward_hook(keep_layer(i)) for i, layer in enumerate(layers)]
     model.eval()
     for layer in layers:
-        layer.fused_attn = False  # the fused kernels return no probabilities
+        layer.fused_attn = False
     try:
         model(images)
     finally:
@@ -68,8 +68,21 @@ def attention_sparsity(model: nn.Module, images: torch.Tensor) -> Dict[str, list
         for layer, was_fused in zip(layers, fused):
             layer.fused_attn = was_fused
         model.train(was_training)
-    if any(s is None for s in support):
-        raise ValueError(f'{support.count(None)} of {len(layers)} entmax attention layers did not run in the forward')
+    if any(k is None for k in kept):
+        raise ValueError(f'{kept.count(None)} of {len(layers)} attention layers did not run in the forward')
+    return kept
+
+
+@torch.no_grad()
+def attention_sparsity(model: nn.Module, images: torch.Tensor) -> Dict[str, list]:
+    """Per-layer and per-head sparsity of ``model``'s entmax attention on ``images``.
+
+    Returns ``zero_fraction`` (per layer), ``support_per_head`` (layers x heads, mean keys kept per
+    query), ``seq_len`` and ``alpha`` (per layer).
+    """
+    layers = _entmax_layers(model)
+    # keys kept per query, (B, heads, N)
+    support = capture_attention(model, images, layers, lambda probs: (probs > 0).sum(-1).float())
     seq_len = support[0].shape[-1]
     return {
         'zero_fraction': [float(1. - s.mean() / seq_len) for s in support],

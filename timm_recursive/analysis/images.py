@@ -1,11 +1,11 @@
 """Images for the analysis commands: files or scikit-learn's two bundled photographs, through the model's transform."""
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ['load_images', 'dataset_images', 'denormalise', 'labelled_batches']
+__all__ = ['load_images', 'eval_split', 'dataset_images', 'denormalise', 'labelled_batches']
 
 
 def load_images(paths: Sequence[str], config: Dict) -> torch.Tensor:
@@ -27,18 +27,26 @@ def load_images(paths: Sequence[str], config: Dict) -> torch.Tensor:
     return torch.stack(images)
 
 
-def dataset_images(name: str, count: int, config: Dict) -> torch.Tensor:
-    """The first ``count`` images of the eval split (``test``/``validation``) of dataset ``name`` (anything
-    ``timm_recursive.data.load_dataset_dict`` resolves), transformed for a model with data config ``config``."""
-    from timm.data import create_transform
-    from timm_recursive.data import IMAGE_COLUMNS, image_mode, load_dataset_dict, to_pil
+def eval_split(name: str) -> Tuple[object, str, str]:
+    """``(rows, image column, description)`` of the eval split (``test``/``validation``, else the first) of
+    dataset ``name`` (anything ``timm_recursive.data.load_dataset_dict`` resolves)."""
+    from timm_recursive.data import IMAGE_COLUMNS, load_dataset_dict
     dd, source, _ = load_dataset_dict(name)
     split = next((s for s in ('test', 'validation', 'val') if s in dd), next(iter(dd)))
     column = next((c for c in IMAGE_COLUMNS if c in dd[split].column_names), None)
     if column is None:
         raise ValueError(f'{source} has no image column (looked for {list(IMAGE_COLUMNS)})')
+    return dd[split], column, f'{source}, split {split!r}'
+
+
+def dataset_images(name: str, count: int, config: Dict) -> torch.Tensor:
+    """The first ``count`` images of the ``eval_split`` of dataset ``name``, transformed for a model with data
+    config ``config``."""
+    from timm.data import create_transform
+    from timm_recursive.data import image_mode, to_pil
+    rows, column, _ = eval_split(name)
     transform = create_transform(**config)
-    return torch.stack([transform(to_pil(img, image_mode(config))) for img in dd[split][:count][column]])
+    return torch.stack([transform(to_pil(img, image_mode(config))) for img in rows[:count][column]])
 
 
 def denormalise(images: torch.Tensor, config: Dict) -> np.ndarray:
