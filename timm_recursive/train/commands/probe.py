@@ -290,10 +290,11 @@ def run_depth(args, model) -> dict:
                                    train_split=args.train_split, eval_split=args.eval_split, data_dir=args.data_dir)
     cached, blocks, img_size = cache_dense_features(
         args, model, splits, splits.depth_column, lambda d: to_depth_array(d, args.depth_scale), np.float32)
+    valid = 'depth > 0' + (f' and <= --max-depth {args.max_depth}' if args.max_depth is not None else '')
     for name, (_, depths) in cached.items():
         if not valid_depth(depths, args.max_depth).any():
-            raise DatasetError(f'the {name} split has no valid depth pixel (depth > 0 and <= --max-depth '
-                               f'{args.max_depth}, after --depth-scale {args.depth_scale})')
+            raise DatasetError(f'the {name} split has no valid depth pixel ({valid}, after --depth-scale '
+                               f'{args.depth_scale})')
     result = _probe_per_block(blocks, cached, lambda train, evaluation: depth_probe(
         *train, *evaluation, max_depth=args.max_depth, **_fit_kwargs(args)))
     return {**result, 'img_size': img_size, 'with_cls': args.with_cls, 'depth_scale': args.depth_scale,
