@@ -19,6 +19,7 @@
 ``resolve_segmentation_dataset(name)`` does the same for image and per-pixel mask columns, and reads two
 official segmentation layouts in ``data_dir`` through torchvision's readers: ``torch/voc2012``
 (``VOCSegmentation``) and ``torch/cityscapes`` (``Cityscapes``, fine masks as the 19 train ids).
+``resolve_depth_dataset(name)`` does it for image and per-pixel depth columns (``to_depth_array``).
 
 ``create_dataset_transform(model, splits, is_training)`` builds timm's transform from the model's
 pretrained config and adapts every image to the model's channels (grayscale or RGB) and size.
@@ -38,7 +39,8 @@ __all__ = [
     'DATASET_ALIASES', 'IDX_DIRS', 'DatasetSplits', 'DatasetError', 'resolve_dataset', 'read_idx',
     'create_dataset_transform', 'hold_out', 'load_dataset_dict', 'resolve_model_data_config', 'image_mode', 'to_pil',
     'SegmentationSplits', 'resolve_segmentation_dataset', 'to_mask_array', 'split_dataset_prefix', 'load_class_map',
-    'RepeatAugBatches', 'TORCHVISION_SEGMENTATION', 'cityscapes_train_ids',
+    'RepeatAugBatches', 'TORCHVISION_SEGMENTATION', 'cityscapes_train_ids', 'DepthSplits', 'resolve_depth_dataset',
+    'to_depth_array',
 ]
 
 DATASET_ALIASES = {
@@ -475,6 +477,7 @@ class RepeatAugBatches:
 
 
 MASK_COLUMNS = ('mask', 'annotation', 'segmentation', 'semantic_segmentation', 'label')
+DEPTH_COLUMNS = ('depth', 'depth_map')
 # torch/<name> segmentation datasets: torchvision reads the official layout of a split in data_dir (named in errors)
 TORCHVISION_SEGMENTATION = {
     'voc2012': 'VOCdevkit/VOC2012/ with JPEGImages/, SegmentationClass/ and ImageSets/Segmentation/{split}.txt',
@@ -490,6 +493,16 @@ class SegmentationSplits:
     eval: 'datasets.Dataset'  # noqa: F821
     image_column: str
     mask_column: str
+    source: str = ''
+    notes: List[str] = field(default_factory=list)
+
+
+@dataclass
+class DepthSplits:
+    train: 'datasets.Dataset'  # noqa: F821
+    eval: 'datasets.Dataset'  # noqa: F821
+    image_column: str
+    depth_column: str
     source: str = ''
     notes: List[str] = field(default_factory=list)
 
@@ -581,33 +594,60 @@ def resolve_segmentation_dataset(
         notes = []
     else:
         dd, source, notes = load_dataset_dict(name, data_dir)
+    train, evaluation, image, mask = _dense_splits(dd, source, train_split, eval_split, image_column, mask_column,
+                                                   MASK_COLUMNS, 'mask', to_mask_array)
+    return SegmentationSplits(train=dd[train], eval=dd[evaluation], image_column=image, mask_column=mask,
+                              source=source, notes=notes)
+
+
+def resolve_depth_dataset(
+        name: str,
+        image_column: Optional[str] = None,
+        depth_column: Optional[str] = None,
+        train_split: Optional[str] = None,
+        eval_split: Optional[str] = None,
+        data_dir: Optional[str] = None,
+) -> DepthSplits:
+    """Train/eval splits of a depth-estimation dataset: an image column and a per-pixel depth column
+    (``depth``, ``depth_map``: float arrays or 16-bit PNGs, read by ``to_depth_array``) of the same size;
+    ``name`` is resolved as for ``resolve_dataset`` (Hub id, ``save_to_disk`` / parquet folder, the timm names
+    with ``data_dir``)."""
+    dd, source, notes = load_dataset_dict(name, data_dir)
+    train, evaluation, image, depth = _dense_splits(dd, source, train_split, eval_split, image_column, depth_column,
+                                                    DEPTH_COLUMNS, 'depth', to_depth_array)
+    return DepthSplits(train=dd[train], eval=dd[evaluation], image_column=image, depth_column=depth,
+                       source=source, notes=notes)
+
+
+def _dense_splits(dd, source: str, train_split: Optional[str], eval_split: Optional[str], image_column: Optional[str],
+                  target_column: Optional[str], target_columns: Sequence[str], what: str,
+                  to_array: Callable) -> Tuple[str, str, str, str]:
+    """(train split, eval split, image column, target column) of ``dd`` whose target column holds a per-pixel
+    ``what`` ('mask', 'depth'; ``to_array`` reads one) of each image's size, checked on each split's row 0."""
     train = _pick(list(dd), train_split, ('train',), 'train split')
     evaluation = _pick(list(dd), eval_split, ('validation', 'val', 'test', 'valid'), 'eval split')
     columns = dd[train].column_names
     image = _pick(columns, image_column, IMAGE_COLUMNS, 'image column', f' in split {train!r}')
-    mask = _pick(columns, mask_column, MASK_COLUMNS, 'mask column', f' in split {train!r}')
+    target = _pick(columns, target_column, target_columns, f'{what} column', f' in split {train!r}')
     for split in (train, evaluation):
         if len(dd[split]) == 0:
             raise DatasetError(f'split {split!r} of {source} is empty')
         row = dd[split][0]
-        if mask not in row or image not in row:
-            raise DatasetError(f'split {split!r} lacks column {mask!r} or {image!r}; columns: {list(row)}')
+        if target not in row or image not in row:
+            raise DatasetError(f'split {split!r} lacks column {target!r} or {image!r}; columns: {list(row)}')
         image_shape = np.asarray(to_pil(row[image], 'RGB')).shape[:2]
-        mask_shape = to_mask_array(row[mask]).shape
-        if mask_shape != image_shape:
-            raise DatasetError(f'column {mask!r} is not a per-pixel mask of the images: split {split!r} row 0 has '
-                               f'an image of {image_shape} and a {mask!r} of shape {mask_shape}')
-    return SegmentationSplits(train=dd[train], eval=dd[evaluation], image_column=image, mask_column=mask,
-                              source=source, notes=notes)
+        target_shape = to_array(row[target]).shape
+        if target_shape != image_shape:
+            raise DatasetError(f'column {target!r} is not a per-pixel {what} of the images: split {split!r} row 0 has '
+                               f'an image of {image_shape} and a {target!r} of shape {target_shape}')
+    return train, evaluation, image, target
 
 
 def to_mask_array(mask) -> np.ndarray:
     """A per-pixel label mask (PIL image of mode P/L/I, encoded image dict, or nested lists) as an int64
     (H, W) array of the label indices: a palette (P) image gives its indices, never its colours."""
     from PIL import Image
-    if isinstance(mask, dict) and mask.get('bytes') is not None:
-        import io
-        mask = Image.open(io.BytesIO(mask['bytes']))
+    mask = _decode_image(mask)
     if isinstance(mask, Image.Image) and mask.mode not in ('P', 'L', 'I', 'I;16'):
         raise DatasetError(f'a segmentation mask must hold one label per pixel (PIL mode P, L or I), got mode {mask.mode}')
     array = np.asarray(mask)
@@ -616,12 +656,38 @@ def to_mask_array(mask) -> np.ndarray:
     return array.astype(np.int64)
 
 
+# PIL modes of one value per pixel a depth map can be stored in: 16-bit PNGs open as I;16 or I
+DEPTH_IMAGE_MODES = ('I;16', 'I;16B', 'I', 'F', 'L')
+
+
+def to_depth_array(depth, scale: float = 1.) -> np.ndarray:
+    """A per-pixel depth map (a float array or nested lists, a PIL image of one channel such as a 16-bit PNG,
+    or an encoded image dict) as a float32 (H, W) array of the stored values divided by ``scale`` (e.g. 1000
+    for NYUv2's millimetre PNGs, 256 for KITTI's); 0, the usual mark of a missing value, stays 0."""
+    from PIL import Image
+    depth = _decode_image(depth)
+    if isinstance(depth, Image.Image) and depth.mode not in DEPTH_IMAGE_MODES:
+        raise DatasetError(f'a depth map must hold one value per pixel (PIL mode {", ".join(DEPTH_IMAGE_MODES)}), '
+                           f'got mode {depth.mode}')
+    array = np.asarray(depth, dtype=np.float32)
+    if array.ndim != 2:
+        raise DatasetError(f'a depth map must be 2-D (H, W), got shape {array.shape}')
+    return array / np.float32(scale)
+
+
+def _decode_image(value):
+    """An encoded image dict of datasets' Image feature as a PIL image; anything else as it is."""
+    if isinstance(value, dict) and value.get('bytes') is not None:
+        import io
+        from PIL import Image
+        return Image.open(io.BytesIO(value['bytes']))
+    return value
+
+
 def to_pil(image, mode: str):
     from PIL import Image
-    if isinstance(image, dict) and image.get('bytes') is not None:
-        import io
-        image = Image.open(io.BytesIO(image['bytes']))
-    elif not isinstance(image, Image.Image):
+    image = _decode_image(image)
+    if not isinstance(image, Image.Image):
         image = Image.fromarray(np.asarray(image, dtype=np.uint8))
     return image.convert(mode) if image.mode != mode else image
 

@@ -7,14 +7,18 @@
   with the [CLS] token broadcast over the grid (the source's analysis: [CLS] carries complementary
   global context), a 1x1 linear layer whose logits are bilinearly upsampled to the mask resolution;
   mIoU over the classes present in the eval masks or predictions (``ignore_index`` pixels excluded).
+* Dense linear depth: the same features and 1x1 linear layer with one output, a plain regression of the
+  depth (not DINOv2's classification into depth bins), upsampled bilinearly to the depth map; RMSE, AbsRel
+  and delta1 over the valid pixels (``depth_metrics``).
 
-Both probes read any block (``blocks``: timm's ``forward_intermediates`` indices, negative from the
+The probes read any block (``blocks``: timm's ``forward_intermediates`` indices, negative from the
 end), so one extraction gives a probe per layer (the source's layer-by-layer analysis).
 
-Both probes standardise the cached features with the training split's per-channel mean and std
+The probes standardise the cached features with the training split's per-channel mean and std
 (a linear map, so the probe stays linear) and train with AdamW under a cosine schedule.
 ``compose_canvases`` builds a dense task from a classification dataset (as experiments/dino_fashion_mnist
-does): a grid of images on one canvas, each foreground pixel labelled with its image's class.
+does): a grid of images on one canvas, each foreground pixel labelled with its image's class;
+``canvas_depths`` gives such canvases a depth map set by those labels.
 """
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -27,6 +31,7 @@ __all__ = [
     'block_outputs', 'check_blocks', 'classification_features', 'classification_features_per_block', 'dense_features',
     'extract_features', 'FeatureNorm', 'DenseLinearHead',
     'fit_probe', 'linear_probe', 'dense_probe', 'confusion_matrix', 'segmentation_scores', 'compose_canvases',
+    'MIN_DEPTH', 'valid_depth', 'depth_metrics', 'depth_probe', 'canvas_depths',
 ]
 
 
@@ -127,12 +132,13 @@ class FeatureNorm(nn.Module):
 
 
 class DenseLinearHead(nn.Module):
-    """Standardise patch features (B, D, h, w), 1x1 linear layer, bilinear upsampling to ``out_size``."""
+    """Standardise patch features (B, D, h, w), 1x1 linear layer to ``out_channels`` (class logits, or one
+    depth), bilinear upsampling to ``out_size``."""
 
-    def __init__(self, train_features: torch.Tensor, num_classes: int, out_size: Tuple[int, int]):
+    def __init__(self, train_features: torch.Tensor, out_channels: int, out_size: Tuple[int, int]):
         super().__init__()
         self.norm = FeatureNorm(train_features)
-        self.classifier = nn.Conv2d(train_features.shape[1], num_classes, kernel_size=1)
+        self.classifier = nn.Conv2d(train_features.shape[1], out_channels, kernel_size=1)
         self.out_size = tuple(out_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -161,8 +167,10 @@ def fit_probe(head: nn.Module, features: torch.Tensor, targets: torch.Tensor, lo
 
 
 @torch.no_grad()
-def _predict(head: nn.Module, features: torch.Tensor, batch_size: int) -> torch.Tensor:
-    return torch.cat([head(chunk).argmax(1) for chunk in features.split(batch_size)])
+def _predict(head: nn.Module, features: torch.Tensor, batch_size: int,
+             decode: Callable[[torch.Tensor], torch.Tensor] = lambda out: out.argmax(1)) -> torch.Tensor:
+    """``decode(head(chunk))`` over chunks of ``features`` (default the class): never all the outputs at once."""
+    return torch.cat([decode(head(chunk)) for chunk in features.split(batch_size)])
 
 
 def linear_probe(train_features: torch.Tensor, train_labels: torch.Tensor, eval_features: torch.Tensor,
@@ -222,6 +230,52 @@ def dense_probe(train_features: torch.Tensor, train_masks: torch.Tensor, eval_fe
             'eval_images': len(eval_features)}
 
 
+# the floor of a predicted depth: a regression head can output <= 0, which AbsRel and delta1 cannot take
+MIN_DEPTH = 1e-3
+
+
+def valid_depth(depth: torch.Tensor, max_depth: Optional[float] = None) -> torch.Tensor:
+    """The pixels with a ground truth: depth > 0 (0 marks a missing value) and, if given, <= ``max_depth``."""
+    valid = depth > 0
+    return valid & (depth <= max_depth) if max_depth is not None else valid
+
+
+def depth_metrics(pred: torch.Tensor, target: torch.Tensor, max_depth: Optional[float] = None) -> Dict:
+    """RMSE, AbsRel (mean |pred - gt| / gt) and delta1 (the fraction of pixels with max(pred / gt, gt / pred)
+    < 1.25) over the valid pixels of ``target`` (``valid_depth``), pooled over all images; predictions are
+    clamped to ``MIN_DEPTH`` first."""
+    valid = valid_depth(target, max_depth)
+    if not valid.any():
+        raise ValueError('no valid depth pixel (gt > 0 and <= max_depth) to score')
+    gt, pred = target[valid].double(), pred[valid].double().clamp_min(MIN_DEPTH)
+    return {'rmse': (pred - gt).pow(2).mean().sqrt().item(), 'abs_rel': ((pred - gt).abs() / gt).mean().item(),
+            'delta1': (torch.maximum(pred / gt, gt / pred) < 1.25).double().mean().item(),
+            'valid_pixels': int(valid.sum())}
+
+
+def depth_probe(train_features: torch.Tensor, train_depths: torch.Tensor, eval_features: torch.Tensor,
+                eval_depths: torch.Tensor, max_depth: Optional[float] = None, **fit_kwargs) -> Dict:
+    """``depth_metrics`` of a linear depth head on frozen patch features (B, D, h, w) against depth maps (B, H, W).
+
+    The head regresses depth itself (one output channel; DINOv2's linear depth classifies into bins instead),
+    trained with the L1 loss over the valid pixels: L1 keeps the metric scale that RMSE measures (a
+    scale-invariant log loss leaves part of the global scale free) and is robust to the outliers of sensor
+    depth. Its bias starts at the mean valid training depth, so training starts from the constant answer."""
+    head = DenseLinearHead(train_features, 1, train_depths.shape[-2:])
+    with torch.no_grad():
+        head.classifier.bias.fill_(train_depths[valid_depth(train_depths, max_depth)].float().mean().item())
+
+    def loss_fn(pred, depths):
+        valid = valid_depth(depths, max_depth)
+        return (pred[:, 0] - depths).abs()[valid].sum() / valid.sum().clamp_min(1)  # a batch may have no valid pixel
+
+    fit_probe(head, train_features, train_depths, loss_fn, **fit_kwargs)
+    head.out_size = tuple(eval_depths.shape[-2:])
+    pred = _predict(head, eval_features, fit_kwargs.get('batch_size', 256), decode=lambda out: out[:, 0])
+    return {**depth_metrics(pred, eval_depths, max_depth), 'loss': 'l1', 'feature_dim': train_features.shape[1],
+            'train_images': len(train_features), 'eval_images': len(eval_features)}
+
+
 def compose_canvases(images: np.ndarray, labels: np.ndarray, num_canvases: int, grid: int = 2,
                      threshold: int = 32, seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """Canvases of ``grid x grid`` images drawn at random (with replacement) from ``images`` (N, h, w)
@@ -242,3 +296,17 @@ def compose_canvases(images: np.ndarray, labels: np.ndarray, num_canvases: int, 
         return x.transpose(0, 1, 3, 2, 4).reshape(num_canvases, grid * h, grid * w)
 
     return tile(tiles), tile(masks)
+
+
+
+def canvas_depths(masks: np.ndarray, num_classes: int, tile_height: int) -> np.ndarray:
+    """A deterministic depth map (float32, same shape) for ``compose_canvases``' masks (0 background, 1 + class
+    foreground) of tiles ``tile_height`` rows high: background at depth 1.0; a foreground pixel of class c in
+    row r of its tile at (1 + c + 0.5 * r / (tile_height - 1)) / (num_classes + 1), a gradient from the tile's
+    top to its bottom within [(1 + c) / (num_classes + 1), (1.5 + c) / (num_classes + 1)], so the classes'
+    depth ranges never overlap and every foreground pixel is nearer than the background."""
+    if masks.size and int(masks.max()) > num_classes:
+        raise ValueError(f'mask labels reach {int(masks.max())}, more than 1 + the {num_classes} classes allow')
+    row_in_tile = (np.arange(masks.shape[-2]) % tile_height) / max(tile_height - 1, 1)
+    foreground = (masks.astype(np.float32) + 0.5 * row_in_tile[:, None].astype(np.float32)) / (num_classes + 1)
+    return np.where(masks > 0, foreground, 1.).astype(np.float32)

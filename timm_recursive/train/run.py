@@ -33,7 +33,7 @@ from .files import append_json_line, write_json_atomic
 
 __all__ = [
     'SeededSamples', 'StopRequest', 'EpochMeter', 'RunLoop', 'step_seed', 'run_dir_for', 'add_run_arguments',
-    'describe_hardware', 'positive_int', 'non_negative_int', 'non_negative_float', 'unit_interval',
+    'describe_hardware', 'positive_int', 'non_negative_int', 'non_negative_float', 'positive_float', 'unit_interval',
     'unit_interval_or_zero', 'parse_args_with_config',
 ]
 
@@ -174,6 +174,14 @@ def non_negative_int(text: str) -> int:
 def non_negative_float(text: str) -> float:
     """An ``argparse`` type: a number of at least 0 (a learning rate, a weight decay, a loss weight)."""
     return _at_least(text, float, 0.)
+
+
+def positive_float(text: str) -> float:
+    """An ``argparse`` type: a number above 0 (a scale to divide by, a maximum depth)."""
+    value = _at_least(text, float, 0.)
+    if value == 0.:
+        raise argparse.ArgumentTypeError(f'must be above 0, got {text}')
+    return value
 
 
 def unit_interval(text: str) -> float:

@@ -13,8 +13,12 @@
         --data-dir data/cityscapes --num-classes 19
     # one probe per block (the layer-by-layer analysis): mIoU of blocks 0, 3, 7 and the last
     timm-recursive-probe segment --checkpoint runs/dino_entmax/model --dataset data/fm_canvases --layers 0 3 7 -1
+    # dense linear depth on patch features, RMSE / AbsRel / delta1 (NYUv2-style 16-bit PNGs in millimetres)
+    timm-recursive-probe depth --checkpoint runs/dino_entmax/model --dataset data/nyu --depth-scale 1000 \
+        --max-depth 10 --img-size 448
     # a segmentation dataset from a classification one: grids of images, foreground pixels labelled by class
-    timm-recursive-probe compose --dataset fashion_mnist --out data/fm_canvases
+    # (--depth: with a depth map set by those labels, for the depth probe)
+    timm-recursive-probe compose --dataset fashion_mnist --out data/fm_canvases --depth
 
 The backbone is ``--checkpoint`` (an exported folder such as ``train_dino.py``'s ``model/``, a run or
 state folder) or ``--model`` (with ``--pretrained``); it is built with ``num_classes=0`` and stays frozen.
@@ -22,13 +26,17 @@ Segmentation datasets: a Hub id or local folder with an image column and a per-p
 (``mask``, ``annotation`` as in ADE20K, ...), or ``torch/voc2012`` (``--data-dir`` holds
 ``VOCdevkit/VOC2012``) and ``torch/cityscapes`` (``--data-dir`` holds ``leftImg8bit/`` and ``gtFine/``; masks
 as the 19 train ids, 255 void); masks and images are resized to ``--img-size`` (nearest for masks) and mIoU
-is computed at that resolution. The result is printed and written to ``--results-file``.
+is computed at that resolution. Depth datasets: a Hub id or local folder with an image column and a per-pixel
+depth column (``depth``, ``depth_map``; float arrays, or 16-bit PNGs divided by ``--depth-scale``), resized
+to ``--img-size`` (nearest, so missing values stay 0) and scored at that resolution over the pixels with
+0 < depth <= ``--max-depth``. The result is printed and written to ``--results-file``.
 """
 import argparse
 import json
 import os
 import sys
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -37,15 +45,15 @@ from torch.utils.data import DataLoader
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.data import (
     DatasetError, create_dataset_transform, image_mode, resolve_dataset, resolve_model_data_config,
-    resolve_segmentation_dataset, to_mask_array, to_pil)
+    resolve_depth_dataset, resolve_segmentation_dataset, to_depth_array, to_mask_array, to_pil)
 from timm_recursive.probing import (
-    check_blocks, classification_features, classification_features_per_block, compose_canvases, dense_features,
-    dense_probe, extract_features, linear_probe)
+    canvas_depths, check_blocks, classification_features, classification_features_per_block, compose_canvases,
+    dense_features, dense_probe, depth_probe, extract_features, linear_probe, valid_depth)
 from timm_recursive.train.checkpoint import CheckpointError
 from timm_recursive.train.evaluate import collate_classification
 from timm_recursive.train.factory import ModelKwargs, create_classifier, create_model_from_checkpoint
 from timm_recursive.train.files import replace_dir, write_json_atomic
-from timm_recursive.train.run import non_negative_float, non_negative_int, positive_int
+from timm_recursive.train.run import non_negative_float, non_negative_int, positive_float, positive_int
 
 
 def add_probe_arguments(p) -> None:
@@ -83,6 +91,13 @@ def add_probe_arguments(p) -> None:
     g.add_argument('--no-progress', action='store_true')
 
 
+def add_dense_arguments(p) -> None:
+    """The options of the dense probes (segment, depth)."""
+    p.add_argument('--img-size', type=positive_int, default=None,
+                   help='square probe resolution (default: the model\'s)')
+    p.add_argument('--with-cls', action='store_true', help='concatenate the [CLS] token to every patch feature')
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split('\n', 1)[1], allow_abbrev=False)
@@ -101,9 +116,16 @@ def parse_args(argv=None):
     segment.add_argument('--ignore-index', type=int, default=255, help='label excluded from training and mIoU')
     segment.add_argument('--reduce-zero-label', action='store_true',
                          help='ADE20K convention: label 0 is "other" (ignored), the rest shift down by one')
-    segment.add_argument('--img-size', type=positive_int, default=None,
-                         help='square probe resolution (default: the model\'s)')
-    segment.add_argument('--with-cls', action='store_true', help='concatenate the [CLS] token to every patch feature')
+    add_dense_arguments(segment)
+    depth = sub.add_parser('depth', allow_abbrev=False,
+                           help='dense linear depth probe on patch features (RMSE, AbsRel, delta1)')
+    add_probe_arguments(depth)
+    add_dense_arguments(depth)
+    depth.add_argument('--depth-column', default=None)
+    depth.add_argument('--depth-scale', type=positive_float, default=1.,
+                       help='stored value per depth unit: 1000 for NYUv2\'s millimetre PNGs, 256 for KITTI\'s')
+    depth.add_argument('--max-depth', type=positive_float, default=None,
+                       help='score and train on pixels of depth <= this only (after --depth-scale)')
     compose = sub.add_parser('compose', allow_abbrev=False, help='segmentation canvases from a classification dataset')
     compose.add_argument('--dataset', required=True)
     compose.add_argument('--out', required=True, help='save_to_disk folder to write (train and test splits)')
@@ -112,6 +134,9 @@ def parse_args(argv=None):
     compose.add_argument('--train-canvases', type=int, default=2000)
     compose.add_argument('--eval-canvases', type=int, default=500)
     compose.add_argument('--seed', type=int, default=0)
+    compose.add_argument('--depth', action='store_true',
+                         help='add a depth column: background 1.0, a foreground pixel of class c in row r of its '
+                              '(h-row) tile (1 + c + 0.5 r / (h - 1)) / (num_classes + 1)')
     return p.parse_args(argv)
 
 
@@ -188,8 +213,11 @@ def run_linear(args, model) -> dict:
             'dataset_source': splits.source}
 
 
-def segmentation_transform(config: dict, img_size: int, image_column: str, mask_column: str):
-    """``with_transform`` function: image resized to ``img_size`` and normalised, mask resized (nearest)."""
+def dense_transform(config: dict, img_size: int, image_column: str, target_column: str,
+                    read_target: Callable[[object], np.ndarray], target_dtype):
+    """``with_transform`` function: image resized to ``img_size`` and normalised; the per-pixel target
+    (``read_target`` of a row's value, a 2-D array) resized with nearest (labels stay labels, a missing depth
+    stays 0) and given as ``target`` of ``target_dtype``."""
     from PIL import Image
     from torchvision import transforms as T
     from timm.data.transforms import str_to_interp_mode
@@ -199,23 +227,23 @@ def segmentation_transform(config: dict, img_size: int, image_column: str, mask_
     mode = image_mode(config)
 
     def apply(batch):
-        masks = [Image.fromarray(to_mask_array(m).astype(np.int32)).resize((img_size, img_size), Image.NEAREST)
-                 for m in batch[mask_column]]
+        targets = [Image.fromarray(read_target(t)).resize((img_size, img_size), Image.NEAREST)
+                   for t in batch[target_column]]
         return {'pixel_values': [image_tf(to_pil(img, mode)) for img in batch[image_column]],
-                'mask': [torch.from_numpy(np.asarray(m, dtype=np.int64)) for m in masks]}
+                'target': [torch.from_numpy(np.array(t, dtype=target_dtype)) for t in targets]}
 
     return apply
 
 
-def collate_segmentation(batch):
-    return {'pixel_values': torch.stack([b['pixel_values'] for b in batch]), 'mask': torch.stack([b['mask'] for b in batch])}
+def collate_dense(batch):
+    return {'pixel_values': torch.stack([b['pixel_values'] for b in batch]),
+            'target': torch.stack([b['target'] for b in batch])}
 
 
-def run_segment(args, model) -> dict:
+def cache_dense_features(args, model, splits, target_column: str, read_target, target_dtype):
+    """``({'train': (features, targets), 'eval': ...}, blocks, img_size)``: the patch features of ``--layers``
+    (or the last block) of both splits at ``--img-size``, and their per-pixel targets (``dense_transform``)."""
     blocks = _blocks(model, args.layers)
-    splits = resolve_segmentation_dataset(args.dataset, image_column=args.image_column, mask_column=args.mask_column,
-                                          train_split=args.train_split, eval_split=args.eval_split,
-                                          data_dir=args.data_dir)
     config = resolve_model_data_config(model)
     img_size = args.img_size or config['input_size'][-1]
     patch = model.patch_embed.patch_size
@@ -223,7 +251,7 @@ def run_segment(args, model) -> dict:
         raise DatasetError(f'--img-size {img_size} is not a multiple of the patch size {tuple(patch)}')
     if img_size != config['input_size'][-1] and not getattr(model, 'dynamic_img_size', False):
         model.set_input_size(img_size=(img_size, img_size))  # interpolates the position embedding
-    transform = segmentation_transform(config, img_size, splits.image_column, splits.mask_column)
+    transform = dense_transform(config, img_size, splits.image_column, target_column, read_target, target_dtype)
 
     def features(x):
         if blocks is None:
@@ -233,19 +261,44 @@ def run_segment(args, model) -> dict:
     cached = {}
     for name, split, limit in (('train', splits.train, args.max_train_samples), ('eval', splits.eval, args.max_eval_samples)):
         loader = DataLoader(_limit(split, limit).with_transform(transform), batch_size=args.batch_size,
-                            collate_fn=collate_segmentation, num_workers=args.workers)
+                            collate_fn=collate_dense, num_workers=args.workers)
         # half precision halves the memory of the cached patch grids; the probe computes in fp32
-        feats, masks = extract_features(features, loader, 'mask', dtype=torch.float16, progress=not args.no_progress,
+        cached[name] = extract_features(features, loader, 'target', dtype=torch.float16, progress=not args.no_progress,
                                         desc=name)
-        if args.reduce_zero_label:
-            masks = torch.where((masks == 0) | (masks == args.ignore_index), args.ignore_index, masks - 1)
-        cached[name] = feats, masks
+    return cached, blocks, img_size
+
+
+def run_segment(args, model) -> dict:
+    splits = resolve_segmentation_dataset(args.dataset, image_column=args.image_column, mask_column=args.mask_column,
+                                          train_split=args.train_split, eval_split=args.eval_split,
+                                          data_dir=args.data_dir)
+    cached, blocks, img_size = cache_dense_features(
+        args, model, splits, splits.mask_column, lambda m: to_mask_array(m).astype(np.int32), np.int64)
+    if args.reduce_zero_label:
+        cached = {name: (feats, torch.where((masks == 0) | (masks == args.ignore_index), args.ignore_index, masks - 1))
+                  for name, (feats, masks) in cached.items()}
     labels = torch.cat([m[m != args.ignore_index] for _, m in cached.values()])
     num_classes = args.num_classes or int(labels.max()) + 1
     result = _probe_per_block(blocks, cached, lambda train, evaluation: dense_probe(
         *train, *evaluation, num_classes, ignore_index=args.ignore_index, **_fit_kwargs(args)))
     return {**result, 'num_classes': num_classes, 'img_size': img_size, 'with_cls': args.with_cls,
             'dataset_source': splits.source}
+
+
+def run_depth(args, model) -> dict:
+    splits = resolve_depth_dataset(args.dataset, image_column=args.image_column, depth_column=args.depth_column,
+                                   train_split=args.train_split, eval_split=args.eval_split, data_dir=args.data_dir)
+    cached, blocks, img_size = cache_dense_features(
+        args, model, splits, splits.depth_column, lambda d: to_depth_array(d, args.depth_scale), np.float32)
+    valid = 'depth > 0' + (f' and <= --max-depth {args.max_depth}' if args.max_depth is not None else '')
+    for name, (_, depths) in cached.items():
+        if not valid_depth(depths, args.max_depth).any():
+            raise DatasetError(f'the {name} split has no valid depth pixel ({valid}, after --depth-scale '
+                               f'{args.depth_scale})')
+    result = _probe_per_block(blocks, cached, lambda train, evaluation: depth_probe(
+        *train, *evaluation, max_depth=args.max_depth, **_fit_kwargs(args)))
+    return {**result, 'img_size': img_size, 'with_cls': args.with_cls, 'depth_scale': args.depth_scale,
+            'max_depth': args.max_depth, 'dataset_source': splits.source}
 
 
 def run_compose(args) -> dict:
@@ -261,11 +314,12 @@ def run_compose(args) -> dict:
             images = np.stack([np.asarray(to_pil(img, 'L')) for img in split[splits.image_column]])
         labels = np.asarray(as_arrays[splits.label_column])
         canvases, masks = compose_canvases(images, labels, count, grid=args.grid, threshold=args.threshold, seed=seed)
-        features = datasets.Features({
-            'image': datasets.Array2D(shape=canvases.shape[1:], dtype='uint8'),
-            'mask': datasets.Array2D(shape=masks.shape[1:], dtype='uint8'),
-        })
-        out[name] = datasets.Dataset.from_dict({'image': canvases, 'mask': masks}, features=features)
+        columns = {'image': canvases, 'mask': masks}
+        if args.depth:
+            columns['depth'] = canvas_depths(masks, splits.num_classes, tile_height=images.shape[1])
+        features = datasets.Features({column: datasets.Array2D(shape=values.shape[1:], dtype=str(values.dtype))
+                                      for column, values in columns.items()})
+        out[name] = datasets.Dataset.from_dict(columns, features=features)
         written[name] = count
     tmp = f'{args.out}.tmp'
     datasets.DatasetDict(out).save_to_disk(tmp)
@@ -273,7 +327,7 @@ def run_compose(args) -> dict:
     write_json_atomic(os.path.join(tmp, 'classes.json'), {'labels': ['background', *names], 'ignore_index': None})
     replace_dir(tmp, args.out)
     return {'out': args.out, 'canvases': written, 'canvas_size': list(canvases.shape[1:]), 'grid': args.grid,
-            'threshold': args.threshold, 'num_classes': len(names) + 1, 'source': splits.source}
+            'threshold': args.threshold, 'num_classes': len(names) + 1, 'depth': args.depth, 'source': splits.source}
 
 
 def _without_per_class_iou(result):
@@ -294,7 +348,7 @@ def main(argv=None) -> int:
         else:
             torch.manual_seed(args.seed)
             model = create_backbone(args)
-            result = (run_linear if args.command == 'linear' else run_segment)(args, model)
+            result = {'linear': run_linear, 'segment': run_segment, 'depth': run_depth}[args.command](args, model)
             result = {'probe': args.command, 'checkpoint': args.checkpoint, 'model': args.model,
                       'architecture': model.pretrained_cfg.get('architecture'), 'dataset': args.dataset, **result}
     except (DatasetError, CheckpointError, ProbeError) as e:
