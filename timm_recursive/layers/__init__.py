@@ -25,8 +25,8 @@ from .entmax_attention import EntmaxAttention, attention_probs, convert_to_entma
 from .attention_projections import ProjectedAttention
 from .token_fusion import (
     DEFAULT_IMPORTANCE_SCORE, FUSION_MODES, IMPORTANCE_SCORES, clustering_macs, cls_importance, density_peak_clusters,
-    fuse_tokens, fusion_objective_terms, fusion_output_counts, num_kept, split_by_importance, token_sources,
-    weighted_cluster_means)
+    fuse_tokens, fusion_objective_terms, fusion_output_counts, gumbel_keep_mask, keep_mask_softmax, num_kept,
+    ratio_loss, split_by_importance, token_sources, weighted_cluster_means)
 from .token_fusion_patch import (
-    ClsRowAttention, ReductionPoint, TokenFusion, TokenFusionBlock, TokenFusionObjective, apply_token_fusion,
-    record_token_fusion)
+    ClsRowAttention, KeepMaskedBlocks, KeepPredictor, ReductionPoint, TokenFusion, TokenFusionBlock,
+    TokenFusionObjective, apply_token_fusion, record_token_fusion)

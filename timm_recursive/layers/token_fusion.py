@@ -15,15 +15,21 @@ But Faster") does by bipartite matching, and this package is laid out as ToMe's 
 the algorithm (ToMe's ``merge.py``), ``token_fusion_patch`` the attention, block and
 ``apply_token_fusion`` that put it into a timm ViT (ToMe's ``patch/timm.py``).
 
-No learnable parameters, so a pretrained ViT's weights load unchanged; every image of a batch keeps
-the same number of tokens, so everything is batched tensor code.
+No learnable parameters (but the predictor of mode ``dynamicvit``), so a pretrained ViT's weights load
+unchanged; every image of a batch keeps the same number of tokens, so everything is batched tensor code.
 
 Modes (``FUSION_MODES``), the source's ablation as options of one reduction:
 
 * ``both``: the method above;
 * ``importance``: keep the attentive tokens, fuse all the others into one token (EViT);
 * ``diversity``: no attentive split, every patch token is clustered into ``ceil(keep_rate * N) +
-  num_fused_tokens`` importance-weighted cluster means, the token count of ``both``.
+  num_fused_tokens`` importance-weighted cluster means, the token count of ``both``;
+* ``dynamicvit``: DynamicViT (Rao et al. 2021, "DynamicViT: Efficient Vision Transformers with Dynamic
+  Token Sparsification") at the same reduction points: a learned predictor (``token_fusion_patch.KeepPredictor``)
+  scores the tokens, the top ``ceil(keep_rate * N)`` by keep probability are kept and the rest discarded,
+  not fused. In training nothing is removed: a straight-through Gumbel-softmax hard mask
+  (``gumbel_keep_mask``) masks the dropped tokens out of every later attention (``keep_mask_softmax``)
+  and ``ratio_loss`` holds the kept share to the budget.
 
 Importance scores (``IMPORTANCE_SCORES``; ``DEFAULT_IMPORTANCE_SCORE`` is the source's):
 ``cls_query``, ``softmax(Q_cls K^T / sqrt(d))`` with the query and keys over the full width d (all
@@ -56,10 +62,10 @@ from .graph_capture import is_graph_capture
 __all__ = [
     'FUSION_MODES', 'IMPORTANCE_SCORES', 'DEFAULT_IMPORTANCE_SCORE', 'cls_importance', 'num_kept',
     'fusion_output_counts', 'split_by_importance', 'density_peak_clusters', 'weighted_cluster_means', 'fuse_tokens',
-    'fusion_objective_terms', 'token_sources', 'clustering_macs',
+    'fusion_objective_terms', 'token_sources', 'clustering_macs', 'gumbel_keep_mask', 'keep_mask_softmax', 'ratio_loss',
 ]
 
-FUSION_MODES = ('both', 'importance', 'diversity')
+FUSION_MODES = ('both', 'importance', 'diversity', 'dynamicvit')
 IMPORTANCE_SCORES = ('cls_query', 'head_mean')
 DEFAULT_IMPORTANCE_SCORE = 'cls_query'  # the source's formula
 
@@ -100,6 +106,8 @@ def fusion_output_counts(mode: str, n: int, keep_rate: float, num_fused_tokens: 
         return n, 0
     if mode == 'importance':
         return n_keep, 1
+    if mode == 'dynamicvit':
+        return n_keep, 0  # the dropped tokens are discarded, as DynamicViT does
     if mode == 'diversity':
         # everything is clustered into the token count of 'both'; as many clusters as tokens: no reduction
         clusters = n_keep + num_fused_tokens
@@ -239,6 +247,8 @@ def fusion_objective_terms(
     ``imp``: the share of the patches' importance outside the kept tokens (when some are kept and
     some fused). ``div``: within-cluster over total importance-weighted squared distance of the
     fused tokens (when there are at least two clusters; with one, W = T and it is constant).
+    ``ratio``: ``ratio_loss`` of a ``dynamicvit`` training reduction, whose record is its ``keep_mask``
+    and ``target_keep_rate``.
 
     Args:
         patches: the patch tokens (B, N, C) the reduction saw, with their gradient.
@@ -247,6 +257,9 @@ def fusion_objective_terms(
     """
     terms: Dict[str, torch.Tensor] = {}
     if not record:
+        return terms
+    if 'keep_mask' in record:  # a dynamicvit training reduction: nothing pruned, only the keep mask
+        terms['ratio'] = ratio_loss(record['keep_mask'], record['target_keep_rate'])
         return terms
     keep_index, fuse_index, assignment = record['keep_index'], record['fuse_index'], record['assignment']
     importance = importance.float()
@@ -263,6 +276,42 @@ def fusion_objective_terms(
         total = (tokens - centre).pow(2).sum(dim=-1)
         terms['div'] = ((within * weights).sum(dim=1) / (total * weights).sum(dim=1).clamp_min(1e-30)).mean()
     return terms
+
+
+def gumbel_keep_mask(keep_log_probs: torch.Tensor, keep_mask: torch.Tensor) -> torch.Tensor:
+    """DynamicViT's training decision: a hard 0/1 keep mask (B, N) sampled from ``keep_log_probs`` (B, N, 2).
+
+    Gumbel-softmax with ``hard=True``: the values are exactly 0 or 1, the gradient is the soft sample's
+    (straight-through), so the classification loss reaches the predictor. Multiplied by the running
+    ``keep_mask`` (B, N): a token dropped earlier stays dropped.
+    """
+    return torch.nn.functional.gumbel_softmax(keep_log_probs, hard=True)[..., 0] * keep_mask
+
+
+def keep_mask_softmax(scores: torch.Tensor, keep_mask: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Attention probabilities from ``scores`` (B, heads, N, N) over the kept keys only (DynamicViT's policy softmax).
+
+    ``exp(scores) * mask`` normalised per query, where the mask is ``keep_mask`` (B, N) of the keys
+    except on the diagonal: a dropped token still attends to itself, so no row is empty. A product,
+    not an additive ``-inf`` mask, so the straight-through gradient reaches ``keep_mask``. The ``eps``
+    terms are DynamicViT's, for a row whose mass is all masked.
+    """
+    N = scores.shape[-1]
+    policy = keep_mask.float()[:, None, None, :]
+    eye = torch.eye(N, device=scores.device, dtype=policy.dtype)
+    policy = policy + (1. - policy) * eye
+    weights = (scores.float() - scores.float().amax(dim=-1, keepdim=True)).exp() * policy
+    return ((weights + eps / N) / (weights.sum(dim=-1, keepdim=True) + eps)).to(scores.dtype)
+
+
+def ratio_loss(keep_mask: torch.Tensor, target_keep_rate: torch.Tensor) -> torch.Tensor:
+    """DynamicViT's ratio loss of one stage: ``(mean keep mask - target)^2`` averaged over the batch.
+
+    Args:
+        keep_mask: the running hard keep mask (B, N) over the original patches.
+        target_keep_rate: the share of the original patches the evaluation forward keeps at this stage.
+    """
+    return (keep_mask.float().mean(dim=1) - target_keep_rate).pow(2).mean()
 
 
 def token_sources(records: List[Dict[str, torch.Tensor]], num_patches: int) -> List[Dict[str, torch.Tensor]]:

@@ -15,8 +15,11 @@ Importância e Diversidade de Tokens") put it.
 - ``apply_token_fusion(model, ...)``: makes chosen blocks of a ViT such blocks.
 - ``record_token_fusion(model)``: what the reductions of a forward did, read by forward hooks on the
   hook points (the convention of ``timm_recursive.layers``: no record flags, no ``last_*`` state).
-- ``TokenFusionObjective``: the source's ``alpha L_imp + beta L_div`` over every ``TokenFusion`` of a
-  model, collected by forward hooks on the same hook points during training forwards.
+- ``TokenFusionObjective``: the source's ``alpha L_imp + beta L_div`` (and DynamicViT's ratio loss,
+  ``gamma L_ratio``) over every ``TokenFusion`` of a model, collected by forward hooks on the same hook
+  points during training forwards.
+- ``KeepPredictor`` and ``KeepMaskedBlocks``: mode ``dynamicvit``'s learned keep predictor, and the
+  ``model.blocks`` that carry its keep mask from block to block in training.
 """
 import contextlib
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -24,17 +27,17 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 from torch.nn import functional as F
-from timm.layers import Attention, register_notrace_module
+from timm.layers import Attention, register_notrace_module, trunc_normal_
 from timm.models.vision_transformer import Block, VisionTransformer
 
 from .attention_projections import ProjectedAttention
 from .token_fusion import (
     DEFAULT_IMPORTANCE_SCORE, FUSION_MODES, IMPORTANCE_SCORES, cls_importance, fuse_tokens, fusion_objective_terms,
-    fusion_output_counts)
+    fusion_output_counts, gumbel_keep_mask, keep_mask_softmax)
 
 __all__ = [
-    'ClsRowAttention', 'ReductionPoint', 'TokenFusion', 'TokenFusionBlock', 'apply_token_fusion', 'record_token_fusion',
-    'TokenFusionObjective',
+    'ClsRowAttention', 'ReductionPoint', 'KeepPredictor', 'TokenFusion', 'TokenFusionBlock', 'KeepMaskedBlocks',
+    'apply_token_fusion', 'record_token_fusion', 'TokenFusionObjective',
 ]
 
 
@@ -58,18 +61,58 @@ class ClsRowAttention(ProjectedAttention):
             x = self.attn_drop(attn) @ v
         return self.project_output(x, gate), cls_importance(q, k, score, attn)
 
+    def forward_with_keep_mask(self, x: torch.Tensor, keep_mask: torch.Tensor) -> torch.Tensor:
+        """The attention output with the keys of ``keep_mask`` (B, N) 0 masked out (``keep_mask_softmax``).
+
+        No fused kernel: the mask multiplies the probabilities so its gradient reaches the predictor.
+        """
+        q, k, v, gate = self.project_qkv(x)
+        attn = keep_mask_softmax((q * self.scale) @ k.transpose(-2, -1), keep_mask)
+        return self.project_output(self.attn_drop(attn) @ v, gate)
+
 
 class ReductionPoint(nn.Module):
     """Hook point of ``TokenFusion``: called once per reduction with what it saw and did; returns nothing.
 
     Its inputs are ``fusion_objective_terms``'s arguments: the patch tokens (B, N, C) the reduction
     saw, their importance (B, N), both with their gradient, and ``fuse_tokens``'s record (its
-    ``keep_index``, ``fuse_index``, ``assignment``, ``importance``, ``num_clusters``). Not an
-    ``nn.Identity``: under TorchScript that takes a single Tensor.
+    ``keep_index``, ``fuse_index``, ``assignment``, ``importance``, ``num_clusters``); a ``dynamicvit``
+    training reduction, which prunes nothing, records its ``keep_mask`` and ``target_keep_rate``
+    instead. Not an ``nn.Identity``: under TorchScript that takes a single Tensor.
     """
 
     def forward(self, patches: torch.Tensor, importance: torch.Tensor, record: Dict[str, torch.Tensor]) -> None:
         pass
+
+
+class KeepPredictor(nn.Module):
+    """DynamicViT's prediction module (its ``PredictorLG``): keep/drop log-probabilities (B, N, 2) of patch tokens.
+
+    Each token's features (LayerNorm, Linear, GELU) are split in two halves: a local half, and a half
+    averaged over the kept tokens into one global feature; the MLP reads the token's local half
+    concatenated with the global one. Initialised as DynamicViT's ViT initialises it (truncated normal,
+    std 0.02), so a pretrained model with a new predictor keeps its other weights as they are.
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.in_conv = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, dim), nn.GELU())
+        self.out_conv = nn.Sequential(
+            nn.Linear(dim, dim // 2), nn.GELU(), nn.Linear(dim // 2, dim // 4), nn.GELU(), nn.Linear(dim // 4, 2),
+            nn.LogSoftmax(dim=-1))
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                trunc_normal_(module.weight, std=.02)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, patches: torch.Tensor, keep_mask: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities (B, N, 2), keep first, for ``patches`` (B, N, C) of which ``keep_mask`` (B, N) are kept."""
+        x = self.in_conv(patches)
+        half = x.shape[-1] // 2
+        local_x, global_x = x[..., :half], x[..., half:]
+        weights = keep_mask.unsqueeze(-1).to(x.dtype)
+        global_x = (global_x * weights).sum(dim=1, keepdim=True) / weights.sum(dim=1, keepdim=True).clamp_min(1e-6)
+        return self.out_conv(torch.cat([local_x, global_x.expand_as(local_x)], dim=-1))
 
 
 class TokenFusion(nn.Module):
@@ -78,17 +121,21 @@ class TokenFusion(nn.Module):
     Output tokens: the prefix tokens ([CLS], registers) unchanged, then the kept patch tokens in
     decreasing importance, then the fused tokens: ``min(num_fused_tokens, inattentive)`` (mode
     ``both``), one (``importance``), or, with nothing kept, ``ceil(keep_rate * N) +
-    num_fused_tokens`` cluster means of all patch tokens (``diversity``). With ``keep_rate = 1``
-    the tokens pass through untouched in every mode.
+    num_fused_tokens`` cluster means of all patch tokens (``diversity``). Mode ``dynamicvit`` ranks the
+    tokens by its ``predictor``'s keep probability instead and discards the rest (in training its
+    ``KeepMaskedBlocks`` masks them instead, ``training_keep_mask``). With ``keep_rate = 1`` the
+    tokens pass through untouched in every mode.
 
     Args:
         keep_rate: fraction of the patch tokens kept, in (0, 1]; ``ceil(keep_rate * N)`` are kept.
         num_fused_tokens: clusters the inattentive tokens are merged into (0: they are dropped);
             not used by mode ``importance``, which fuses them into one token.
         knn: neighbours that define the clustering density.
-        mode: ``'both'``, ``'importance'`` or ``'diversity'`` (``FUSION_MODES``, see ``token_fusion``).
+        mode: ``'both'``, ``'importance'``, ``'diversity'`` or ``'dynamicvit'`` (``FUSION_MODES``, see
+            ``token_fusion``).
         importance_score: ``'cls_query'`` or ``'head_mean'`` (``IMPORTANCE_SCORES``, see
-            ``token_fusion``); read by the block that computes the attention.
+            ``token_fusion``); read by the block that computes the attention (not by ``dynamicvit``).
+        embed_dim: the token width, for the predictor of mode ``dynamicvit`` (needed there only).
 
     Hook point (the convention of ``timm_recursive.layers``): ``reduction`` (``ReductionPoint``) is
     called with what each reduction saw and did; not called when nothing was reduced.
@@ -96,7 +143,7 @@ class TokenFusion(nn.Module):
 
     def __init__(
             self, keep_rate: float = 0.7, num_fused_tokens: int = 4, knn: int = 5, mode: str = 'both',
-            importance_score: str = DEFAULT_IMPORTANCE_SCORE,
+            importance_score: str = DEFAULT_IMPORTANCE_SCORE, embed_dim: Optional[int] = None,
     ):
         super().__init__()
         if not 0. < float(keep_rate) <= 1.:
@@ -112,6 +159,10 @@ class TokenFusion(nn.Module):
         self.knn = int(knn)
         self.mode = mode
         self.importance_score = importance_score
+        if mode == 'dynamicvit' and embed_dim is None:
+            raise ValueError('token fusion mode dynamicvit learns a predictor: it needs the embed_dim')
+        # only dynamicvit has parameters: the other modes' state dicts stay the plain ViT's
+        self.predictor = KeepPredictor(int(embed_dim)) if mode == 'dynamicvit' else None
         self.reduction = ReductionPoint()
 
     def extra_repr(self) -> str:
@@ -122,6 +173,28 @@ class TokenFusion(nn.Module):
         """Patch tokens left after fusing ``num_patches``."""
         kept, fused = fusion_output_counts(self.mode, num_patches, self.keep_rate, self.num_fused_tokens)
         return kept + fused
+
+    def keep_probability(self, patches: torch.Tensor) -> torch.Tensor:
+        """Mode ``dynamicvit``'s importance at evaluation (B, N): the predicted keep probability, all tokens present."""
+        return self.predictor(patches, patches.new_ones(patches.shape[:2]))[..., 0].exp()
+
+    def training_keep_mask(
+            self, x: torch.Tensor, keep_mask: torch.Tensor, num_prefix_tokens: int, target_keep_rate: float,
+    ) -> torch.Tensor:
+        """Mode ``dynamicvit`` in training: the running hard keep mask (B, P + N) after this reduction.
+
+        Args:
+            x: all tokens (B, P + N, C), none removed.
+            keep_mask: the running mask (B, P + N) before it (prefix tokens 1).
+            target_keep_rate: the share of the patches the evaluation forward keeps after it (``ratio_loss``).
+        """
+        P = num_prefix_tokens
+        patches, patch_mask = x[:, P:], keep_mask[:, P:]
+        log_probs = self.predictor(patches, patch_mask)
+        patch_mask = gumbel_keep_mask(log_probs, patch_mask)
+        record = {'keep_mask': patch_mask, 'target_keep_rate': torch.tensor(target_keep_rate, device=x.device)}
+        self.reduction(patches, log_probs[..., 0].exp(), record)
+        return torch.cat([keep_mask[:, :P], patch_mask], dim=1)
 
     def forward(self, x: torch.Tensor, importance: torch.Tensor, num_prefix_tokens: int = 1) -> torch.Tensor:
         """Reduce tokens ``x`` (B, P + N, C) given the importance (B, N) of its N patch tokens."""
@@ -150,8 +223,44 @@ class TokenFusionBlock(Block):
             raise ValueError('token fusion changes the token count: attention masks are not supported')
         attn_out, cls_row = self.attn.forward_with_cls_row(self.norm1(x), self.fusion.importance_score)
         x = x + self.drop_path1(self.ls1(attn_out))
-        x = self.fusion(x, cls_row[:, self.num_prefix_tokens:], self.num_prefix_tokens)
+        if self.fusion.predictor is None:
+            importance = cls_row[:, self.num_prefix_tokens:]
+        else:
+            importance = self.fusion.keep_probability(x[:, self.num_prefix_tokens:])
+        x = self.fusion(x, importance, self.num_prefix_tokens)
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+class KeepMaskedBlocks(nn.Sequential):
+    """``model.blocks`` of a ``dynamicvit``-mode model (same children and state dict keys as the ``nn.Sequential``).
+
+    In evaluation the plain sequence: each reduction prunes its tokens. In training no token is removed
+    (the batch keeps one token count, and the straight-through gradient needs the dropped tokens):
+    each reduction multiplies its hard keep mask into a running one and every attention after it
+    masks the dropped keys, as DynamicViT trains. Only the ``blocks(x)`` call of timm's forward does
+    this: ``forward_intermediates`` and gradient checkpointing call the blocks one by one, and prune.
+    ``apply_token_fusion`` makes every block's attention a ``ClsRowAttention`` and checks that the
+    blocks are timm ``Block``s, whose pre-norm residual steps are the ones spelled out here.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(x)
+        P = self.num_prefix_tokens
+        num_patches = x.shape[1] - P
+        num_tokens_at_evaluation = num_patches  # patch tokens the evaluation forward would have here
+        keep_mask: Optional[torch.Tensor] = None  # (B, P + N), once a reduction has run
+        for block in self:
+            tokens = block.norm1(x)
+            attn_out = block.attn(tokens) if keep_mask is None else block.attn.forward_with_keep_mask(tokens, keep_mask)
+            x = x + block.drop_path1(block.ls1(attn_out))
+            if isinstance(block, TokenFusionBlock):
+                num_tokens_at_evaluation = block.fusion.num_outputs(num_tokens_at_evaluation)
+                if keep_mask is None:
+                    keep_mask = x.new_ones(x.shape[:2])
+                keep_mask = block.fusion.training_keep_mask(x, keep_mask, P, num_tokens_at_evaluation / num_patches)
+            x = x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
+        return x
 
 
 def apply_token_fusion(
@@ -165,14 +274,16 @@ def apply_token_fusion(
 ) -> VisionTransformer:
     """Make ``model`` (a timm ``VisionTransformer``) reduce its tokens after the attention of ``reduction_blocks``.
 
-    In place, parameters and state dict keys unchanged; calling it again reconfigures the model
-    (blocks no longer listed become plain ``Block``s). ``reduction_blocks`` count from 0.
+    In place, parameters and state dict keys unchanged, but for mode ``dynamicvit``, which adds a
+    ``fusion.predictor`` to each reduction block and makes ``model.blocks`` a ``KeepMaskedBlocks``;
+    calling it again reconfigures the model (blocks no longer listed become plain ``Block``s, and
+    predictors start afresh). ``reduction_blocks`` count from 0.
 
     Raises:
         ValueError: ``keep_rate`` outside (0, 1], block indices out of range, an unknown ``mode`` or
             ``importance_score`` (``timm_recursive.layers.TokenFusion``).
         TypeError: not a ``VisionTransformer`` with a [CLS] token, or a reduction block that is not
-            timm's ``Block`` with timm's ``Attention``.
+            timm's ``Block`` with timm's ``Attention`` (for ``dynamicvit``: any block that is not).
     """
     if not isinstance(model, VisionTransformer):
         raise TypeError(f'token fusion needs a timm VisionTransformer, got {type(model).__name__}')
@@ -182,8 +293,11 @@ def apply_token_fusion(
     reduction_blocks = sorted(set(int(i) for i in reduction_blocks))
     if any(not 0 <= i < depth for i in reduction_blocks):
         raise ValueError(f'reduction_blocks must be block indices in [0, {depth}) (counting from 0), got {reduction_blocks}')
-    TokenFusion(keep_rate, num_fused_tokens, knn, mode, importance_score)  # validates the arguments before anything changes
-    for i in reduction_blocks:
+    # validates the arguments before anything changes
+    TokenFusion(keep_rate, num_fused_tokens, knn, mode, importance_score, model.embed_dim)
+    dynamicvit = mode == 'dynamicvit'
+    # dynamicvit's training forward masks the attention of every block after a reduction (KeepMaskedBlocks)
+    for i in range(depth) if dynamicvit else reduction_blocks:
         block = model.blocks[i]
         if type(block) not in (Block, TokenFusionBlock) or type(block.attn) not in (Attention, ClsRowAttention):
             raise TypeError(
@@ -194,12 +308,22 @@ def apply_token_fusion(
             # same parameters: swapping the classes keeps the modules and their state dict keys
             block.__class__ = TokenFusionBlock
             block.attn.__class__ = ClsRowAttention
-            block.fusion = TokenFusion(keep_rate, num_fused_tokens, knn, mode, importance_score)
+            block.fusion = TokenFusion(keep_rate, num_fused_tokens, knn, mode, importance_score, model.embed_dim)
             block.num_prefix_tokens = model.num_prefix_tokens
-        elif isinstance(block, TokenFusionBlock):
-            del block.fusion
-            block.__class__ = Block
-            block.attn.__class__ = Attention
+        else:
+            if isinstance(block, TokenFusionBlock):
+                del block.fusion
+                block.__class__ = Block
+            if dynamicvit:  # same forward as timm's Attention; the masked one is called by KeepMaskedBlocks only
+                block.attn.__class__ = ClsRowAttention
+            elif type(block.attn) is ClsRowAttention:
+                block.attn.__class__ = Attention
+    if dynamicvit:
+        model.blocks.__class__ = KeepMaskedBlocks
+        model.blocks.num_prefix_tokens = model.num_prefix_tokens
+    elif isinstance(model.blocks, KeepMaskedBlocks):
+        model.blocks.__class__ = nn.Sequential
+        del model.blocks.num_prefix_tokens
     return model
 
 
@@ -229,7 +353,8 @@ def record_token_fusion(model: nn.Module) -> Iterator[Dict[int, Dict[str, torch.
 
 
 class TokenFusionObjective:
-    """``alpha L_imp + beta L_div`` over every ``TokenFusion`` of ``model``, from its last training forward.
+    """``alpha L_imp + beta L_div + gamma L_ratio`` over every ``TokenFusion`` of ``model``, from its last training
+    forward.
 
     The terms are ``token_fusion.fusion_objective_terms``'s: the source's objective names ``L_imp`` and
     ``L_div`` but gives no formulas, so their forms are this project's (that module's docstring says what
@@ -238,20 +363,22 @@ class TokenFusionObjective:
     points compute them during training forwards (``model.train()``; evaluation forwards compute
     nothing), with their gradient, and keep them until the next call; the hooks stay attached until
     ``remove``. Call it after each training forward. Each term is averaged over the reductions
-    that have it.
+    that have it. ``L_ratio`` is DynamicViT's ratio loss (``token_fusion.ratio_loss``), of mode
+    ``dynamicvit`` only (``gamma = 0`` by default, as before it existed).
 
     Raises:
         ValueError: ``model`` has no ``TokenFusion`` layer, or a negative weight.
     """
 
-    def __init__(self, model: nn.Module, alpha: float, beta: float):
-        if alpha < 0 or beta < 0:
-            raise ValueError(f'the token fusion loss weights must be >= 0, got alpha={alpha}, beta={beta}')
+    def __init__(self, model: nn.Module, alpha: float, beta: float, gamma: float = 0.):
+        if alpha < 0 or beta < 0 or gamma < 0:
+            raise ValueError(
+                f'the token fusion loss weights must be >= 0, got alpha={alpha}, beta={beta}, gamma={gamma}')
         fusions = [m for m in model.modules() if isinstance(m, TokenFusion)]
         if not fusions:
             raise ValueError(f'{type(model).__name__} has no TokenFusion layer: the token fusion objective needs one '
                              '(a deit_*_tokenfuse model, or apply_token_fusion)')
-        self.alpha, self.beta = float(alpha), float(beta)
+        self.alpha, self.beta, self.gamma = float(alpha), float(beta), float(gamma)
         self.points = [f.reduction for f in fusions]
         self.collected: Dict[int, Dict[str, torch.Tensor]] = {}  # fusion index -> terms of its last training forward
         self.handles = [point.register_forward_hook(self._keep_terms(i)) for i, point in enumerate(self.points)]
@@ -270,11 +397,11 @@ class TokenFusionObjective:
         self.collected = {}
 
     def __call__(self) -> Tuple[torch.Tensor, Dict[str, float]]:
-        """The weighted loss of the last training forward and its terms (``imp``, ``div``) as numbers."""
+        """The weighted loss of the last training forward and its terms (``imp``, ``div``, ``ratio``) as numbers."""
         collected, self.collected = list(self.collected.values()), {}
         loss = torch.zeros(())
         terms = {}
-        for name, weight in (('imp', self.alpha), ('div', self.beta)):
+        for name, weight in (('imp', self.alpha), ('div', self.beta), ('ratio', self.gamma)):
             values = [c[name] for c in collected if name in c]
             if values:
                 term = torch.stack(values).mean()

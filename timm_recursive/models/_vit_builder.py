@@ -1,5 +1,5 @@
 """What the ViT-based families (entmax ViTs, token-fusion DeiTs) share: building through timm and the config shape."""
-from typing import Type
+from typing import Callable, Type
 
 from timm.models import build_model_with_cfg
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
@@ -7,16 +7,18 @@ from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_
 from ._pretrained import pretrained_errors
 
 
-def create_vit_model(model_cls: Type[VisionTransformer], variant: str, pretrained: bool = False, **kwargs):
-    """``build_model_with_cfg`` as timm builds its ViTs: timm's checkpoint filter, getter feature extraction;
-    weights that cannot be loaded raise ``RuntimeError`` naming the model and the file or Hub repo."""
+def create_vit_model(
+        model_cls: Type[VisionTransformer], variant: str, pretrained: bool = False,
+        pretrained_filter_fn: Callable = checkpoint_filter_fn, **kwargs):
+    """``build_model_with_cfg`` as timm builds its ViTs: timm's checkpoint filter (by default), getter feature
+    extraction; weights that cannot be loaded raise ``RuntimeError`` naming the model and the file or Hub repo."""
     out_indices = kwargs.pop('out_indices', 3)
     with pretrained_errors(variant, pretrained, kwargs):
         return build_model_with_cfg(
             model_cls,
             variant,
             pretrained,
-            pretrained_filter_fn=checkpoint_filter_fn,
+            pretrained_filter_fn=pretrained_filter_fn,
             feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
             **kwargs,
         )

@@ -9,7 +9,9 @@ the [CLS] attention row: the top ``ceil(keep_rate * N)`` are kept, the rest merg
 and importance-weighted means; the MLP of that block and everything after run on fewer tokens. No
 learnable parameters: the architectures are timm's ``deit_{tiny,small,base}_patch16_224`` and their
 weight files load unchanged. Fused tokens from an earlier reduction are candidates again at the next
-one.
+one. ``mode='dynamicvit'`` (DynamicViT, Rao et al. 2021) learns a keep predictor at each reduction
+instead: a DeiT weight file still loads, strictly, with the predictors as initialised
+(``checkpoint_filter_fn``).
 
 The algorithm is ``timm_recursive.layers.token_fusion``, the attention, block and
 ``apply_token_fusion(model, ...)`` (the same on any timm ``VisionTransformer`` instance, in place)
@@ -23,6 +25,7 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
+from timm.models import vision_transformer
 from timm.models.vision_transformer import VisionTransformer
 
 from timm_recursive.layers import (
@@ -44,7 +47,8 @@ class TokenFusionVisionTransformer(VisionTransformer):
             accuracy at an equal token budget, ``experiments/token_fusion_ablation``).
         knn: neighbours that define the clustering density.
         mode: ``'both'`` (importance and diversity), ``'importance'`` (EViT: the inattentive tokens
-            fused into one) or ``'diversity'`` (every patch token clustered).
+            fused into one), ``'diversity'`` (every patch token clustered) or ``'dynamicvit'`` (a learned
+            predictor keeps the tokens, the others are discarded).
         importance_score: ``'cls_query'`` (``softmax(Q_cls K^T / sqrt(d))`` over the full width, as
             the source writes it) or ``'head_mean'`` (the heads' [CLS] attention rows averaged).
         **kwargs: ``VisionTransformer`` arguments (``block_fn`` and ``attn_layer`` excepted).
@@ -126,6 +130,18 @@ class TokenFusionVisionTransformer(VisionTransformer):
         return intermediates if intermediates_only else (out[0], intermediates)
 
 
+def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTransformer) -> Dict[str, torch.Tensor]:
+    """timm's ViT checkpoint filter, plus mode ``dynamicvit``'s predictors as ``model`` initialised them.
+
+    A dense DeiT file has no predictor: filling in only those keys lets every other weight load strictly.
+    """
+    state_dict = vision_transformer.checkpoint_filter_fn(state_dict, model)
+    for name, value in model.state_dict().items():
+        if '.fusion.predictor.' in name and name not in state_dict:
+            state_dict[name] = value
+    return state_dict
+
+
 _cfg = functools.partial(vit_cfg, mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, crop_pct=.875)
 
 # DeiT's ImageNet-1k weight files, the ones timm's deit_*_patch16_224.fb_in1k load: token fusion has no parameters
@@ -140,18 +156,24 @@ default_cfgs = generate_default_cfgs({
 def deit_t_tokenfuse(pretrained: bool = False, **kwargs) -> TokenFusionVisionTransformer:
     """DeiT-Ti/16 (``deit_tiny_patch16_224``) with token fusion after blocks 4, 7, 10 at keep rate 0.7."""
     model_args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
-    return create_vit_model(TokenFusionVisionTransformer, 'deit_t_tokenfuse', pretrained, **dict(model_args, **kwargs))
+    return create_vit_model(
+        TokenFusionVisionTransformer, 'deit_t_tokenfuse', pretrained, checkpoint_filter_fn,
+        **dict(model_args, **kwargs))
 
 
 @register_model
 def deit_s_tokenfuse(pretrained: bool = False, **kwargs) -> TokenFusionVisionTransformer:
     """DeiT-S/16 (``deit_small_patch16_224``) with token fusion after blocks 4, 7, 10 at keep rate 0.7."""
     model_args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6)
-    return create_vit_model(TokenFusionVisionTransformer, 'deit_s_tokenfuse', pretrained, **dict(model_args, **kwargs))
+    return create_vit_model(
+        TokenFusionVisionTransformer, 'deit_s_tokenfuse', pretrained, checkpoint_filter_fn,
+        **dict(model_args, **kwargs))
 
 
 @register_model
 def deit_b_tokenfuse(pretrained: bool = False, **kwargs) -> TokenFusionVisionTransformer:
     """DeiT-B/16 (``deit_base_patch16_224``) with token fusion after blocks 4, 7, 10 at keep rate 0.7."""
     model_args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12)
-    return create_vit_model(TokenFusionVisionTransformer, 'deit_b_tokenfuse', pretrained, **dict(model_args, **kwargs))
+    return create_vit_model(
+        TokenFusionVisionTransformer, 'deit_b_tokenfuse', pretrained, checkpoint_filter_fn,
+        **dict(model_args, **kwargs))

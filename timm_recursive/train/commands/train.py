@@ -246,11 +246,14 @@ def parse_args(argv=None):
     g.add_argument('--amp', action='store_true', help='mixed precision in --amp-dtype (timm\'s name)')
     g.add_argument('--amp-dtype', default='float16', choices=tuple(AMP_DTYPES))
     g = p.add_argument_group('token fusion objective', 'models with TokenFusion layers (*_tokenfuse): the loss '
-                             'becomes CE + alpha L_imp + beta L_div (timm_recursive.layers.TokenFusionObjective)')
+                             'becomes CE + alpha L_imp + beta L_div + gamma L_ratio '
+                             '(timm_recursive.layers.TokenFusionObjective)')
     g.add_argument('--fusion-imp-weight', type=non_negative_float, default=0.,
                    help='alpha: weight of L_imp, the [CLS] attention mass outside the kept tokens')
     g.add_argument('--fusion-div-weight', type=non_negative_float, default=0.,
                    help='beta: weight of L_div, the fused tokens\' within-cluster over total dispersion')
+    g.add_argument('--fusion-ratio-weight', type=non_negative_float, default=0.,
+                   help='gamma: weight of DynamicViT\'s ratio loss (mode=dynamicvit), the kept share vs the keep rate')
     g = p.add_argument_group(
         'adaptive halting', 'recursive models: train a learned halting head (built with halting_head=True) whose '
         'objective replaces deep supervision; forward_adaptive(x, threshold, criterion="halting") then stops each '
@@ -520,11 +523,12 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     select_loader = DataLoader(select_ds, batch_size=args.eval_batch_size, **loader_kw) if select_ds is not None else None
 
     fusion_objective = None
-    if args.fusion_imp_weight or args.fusion_div_weight:
+    if args.fusion_imp_weight or args.fusion_div_weight or args.fusion_ratio_weight:
         try:
-            fusion_objective = TokenFusionObjective(model, args.fusion_imp_weight, args.fusion_div_weight)
+            fusion_objective = TokenFusionObjective(
+                model, args.fusion_imp_weight, args.fusion_div_weight, args.fusion_ratio_weight)
         except ValueError as e:
-            raise CheckpointError(f'--fusion-imp-weight/--fusion-div-weight: {e}') from e
+            raise CheckpointError(f'--fusion-imp-weight/--fusion-div-weight/--fusion-ratio-weight: {e}') from e
     net = StepOutputs(model)
     if args.torchcompile:
         # in place: state dict keys (and saved states) unchanged
