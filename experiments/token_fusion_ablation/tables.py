@@ -31,7 +31,8 @@ def deit_s_budget_table(path: pathlib.Path) -> str:
     if not path.exists():
         return f'not measured yet: `{BUDGET_COMMAND}` measures it'
     r = json.loads(path.read_text())
-    rows = [[fused, f'{found["keep_rate"]:.3f}', f'{found["gmacs"]["gmacs"]:.3f}', f'{found["gmacs_above"]:.3f}',
+    rows = [[fused, f'{found["keep_rate"]:.3f}', f'{found["gmacs"]["gmacs"]:.3f}',
+             '—' if found['gmacs_above'] is None else f'{found["gmacs_above"]:.3f}',
              ' / '.join(str(n) for n in dict.fromkeys(found['tokens_per_block']))]
             for fused, found in r['fused_tokens'].items()]
     return markdown_table([f'{r["model"]}: fused tokens', f'keep rate at <= {r["budget_gmacs"]:g} GMACs',

@@ -53,21 +53,24 @@ def keep_rate_for_budget(build: Callable[[float], nn.Module], image: torch.Tenso
                          tolerance: float = 1e-3) -> Dict:
     """The largest keep rate (within ``tolerance``) whose model, ``build(keep_rate)``, costs at most
     ``budget_gmacs`` on ``image``, found by bisection (the cost grows with the keep rate, in steps of one
-    kept token). Returns the keep rate, its ``count_gmacs`` and the cost one ``tolerance`` above it; a
-    budget below the smallest keep rate's cost (or the whole range within budget) is said, not rounded."""
-    def cost(keep_rate: float) -> float:
-        return count_gmacs(build(keep_rate).eval(), image)['gmacs']
+    kept token). Returns the keep rate, its ``count_gmacs`` and the cost one ``tolerance`` above it (None
+    at keep rate 1, within the budget); a budget below the smallest keep rate's cost is a ValueError."""
+    counts: Dict[float, Dict[str, float]] = {}
 
-    if cost(1.0) <= budget_gmacs:
-        return {'keep_rate': 1.0, 'gmacs': count_gmacs(build(1.0).eval(), image), 'within_budget_at_keep_1': True}
+    def gmacs(keep_rate: float) -> float:  # each keep rate's model counted once
+        if keep_rate not in counts:
+            counts[keep_rate] = count_gmacs(build(keep_rate).eval(), image)
+        return counts[keep_rate]['gmacs']
+
+    if gmacs(1.0) <= budget_gmacs:
+        return {'keep_rate': 1.0, 'gmacs': counts[1.0], 'gmacs_above': None}
     low, high = tolerance, 1.0
-    if cost(low) > budget_gmacs:
-        raise ValueError(f'{budget_gmacs} GMACs is below the cost at keep rate {low} ({cost(low):.3f} GMACs)')
+    if gmacs(low) > budget_gmacs:
+        raise ValueError(f'{budget_gmacs} GMACs is below the cost at keep rate {low} ({gmacs(low):.3f} GMACs)')
     while high - low > tolerance:
         middle = (low + high) / 2
-        low, high = (middle, high) if cost(middle) <= budget_gmacs else (low, middle)
-    return {'keep_rate': round(low, 6), 'gmacs': count_gmacs(build(low).eval(), image),
-            'gmacs_above': cost(min(1.0, low + tolerance))}
+        low, high = (middle, high) if gmacs(middle) <= budget_gmacs else (low, middle)
+    return {'keep_rate': round(low, 6), 'gmacs': counts[low], 'gmacs_above': gmacs(min(1.0, low + tolerance))}
 
 
 def main(argv=None) -> int:
