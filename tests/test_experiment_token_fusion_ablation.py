@@ -55,7 +55,8 @@ def test_tables_show_what_was_measured_and_dash_the_rest(tmp_path):
     assert '\n' not in pieces['headline'] and 'both 75.25%' in pieces['headline']
     assert all('nan' not in text for text in pieces.values())
     assert pieces['deit_s_budget'].startswith('not measured yet: `python -m timm_recursive.analysis.token_fusion_cost')
-    found = {'keep_rate': 0.673179, 'gmacs': {'gmacs': 2.987}, 'gmacs_above': 3.004, 'tokens_per_block': [197, 137, 137]}
+    found = {'keep_rate': 0.673179, 'gmacs': {'gmacs': 2.987}, 'gmacs_above': 3.004,
+             'tokens_per_block': [197, 137, 137]}
     (tmp_path / study_tables.BUDGET).write_text(json.dumps({'model': 'deit_s_tokenfuse', 'budget_gmacs': 3.0,
                                                             'tolerance': 0.001, 'fused_tokens': {'4': found}}))
     assert '| 4 | 0.673 | 2.987 | 3.004 | 197 / 137 |' in study_tables.tables(tmp_path)['deit_s_budget']

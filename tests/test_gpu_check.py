@@ -112,7 +112,8 @@ def test_the_adasplash_part_compares_the_kernel_with_the_exact_attention(tmp_pat
     monkeypatch.setattr(entmax_attention, '_adasplash', lambda: stand_in)
     monkeypatch.setattr(entmax_attention, '_use_adasplash', lambda q: True)
     output = tmp_path / 'gpu_check.json'
-    assert gpu_check.main(['--device', 'cpu', '--quick', '--parts', 'exactness adasplash', '--output', str(output)]) == 0
+    assert gpu_check.main(['--device', 'cpu', '--quick', '--parts', 'exactness adasplash',
+                           '--output', str(output)]) == 0
     checked = json.loads(output.read_text())['parts']['exactness adasplash']
     assert checked['status'] == 'passed' and checked['result']['shape'] == [1, 6, 197, 64]
     errors = checked['result']['max_errors']

@@ -188,7 +188,8 @@ CASES = [
     (['--opt-kwargs', 'amsgrat=True'], "cannot create optimizer adamw: TypeError"),
     (['--opt', 'adamz'], 'cannot create optimizer adamz: ValueError'),
     (['--gp', 'max'], "global_pool must be one of ('token', 'avg', ''), got 'max'"),
-    (['--model', 'resnet10t', '--model-kwargs', '--gp', 'maxx'], 'cannot build resnet10t: AssertionError: Invalid pool type: maxx'),
+    (['--model', 'resnet10t', '--model-kwargs', '--gp', 'maxx'],
+     'cannot build resnet10t: AssertionError: Invalid pool type: maxx'),
     (['--initial-checkpoint', MISSING], f'--initial-checkpoint {MISSING} does not exist'),
     (['--pretrained-path', MISSING], f'--pretrained-path {MISSING} does not exist'),
 ]

@@ -253,7 +253,8 @@ def _load_torchvision(name: str, data_dir: Optional[str], download: bool, splits
             dd[split] = _array_dataset(np.asarray(ds.data), np.asarray(ds.targets), ds.classes)
         elif hasattr(ds, 'samples'):
             paths, labels = zip(*ds.samples) if ds.samples else ((), ())
-            features = datasets.Features({'image': datasets.Image(), 'label': datasets.ClassLabel(names=list(ds.classes))})
+            features = datasets.Features({'image': datasets.Image(),
+                                          'label': datasets.ClassLabel(names=list(ds.classes))})
             dd[split] = datasets.Dataset.from_dict({'image': list(paths), 'label': list(labels)}, features=features)
         else:
             raise DatasetError(f'torch/{name}: {type(ds).__name__} holds neither arrays (data, targets) nor '

@@ -298,7 +298,6 @@ def compose_canvases(images: np.ndarray, labels: np.ndarray, num_canvases: int, 
     return tile(tiles), tile(masks)
 
 
-
 def canvas_depths(masks: np.ndarray, num_classes: int, tile_height: int) -> np.ndarray:
     """A deterministic depth map (float32, same shape) for ``compose_canvases``' masks (0 background, 1 + class
     foreground) of tiles ``tile_height`` rows high: background at depth 1.0; a foreground pixel of class c in

@@ -109,6 +109,6 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
               f'{r["cost_setup"]["threads"]} thread, torch {r["cost_setup"]["torch"]}',
               'not recorded', 'not recorded']]),
         'deit_s_budget': deit_s_budget_table(results / BUDGET),
-        'headline': (f'keep 0.5 off the shelf: ' + ', '.join(f'{m} {pct(c["top1"])}%' for m, c in keep_05.items() if c)
+        'headline': ('keep 0.5 off the shelf: ' + ', '.join(f'{m} {pct(c["top1"])}%' for m, c in keep_05.items() if c)
                      + f' (dense {pct(dense["top1"])}%; small ViT on FashionMNIST)'),
     }

@@ -22,7 +22,7 @@ Importância e Diversidade de Tokens") put it.
   ``model.blocks`` that carry its keep mask from block to block in training.
 """
 import contextlib
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 from torch import nn

@@ -291,7 +291,7 @@ def parse_args(argv=None):
         p.error(f'--model-dtype {args.model_dtype} contradicts mixed precision ({args.mixed_precision}): autocast '
                 f'needs float32 weights')
     if args.torchcompile_mode is not None and args.torchcompile != 'inductor':
-        p.error(f'--torchcompile-mode is a mode of the inductor backend; '
+        p.error('--torchcompile-mode is a mode of the inductor backend; '
                 + (f'--torchcompile {args.torchcompile} ignores it' if args.torchcompile else 'give --torchcompile'))
     if not args.bce_loss and (args.bce_sum or args.bce_target_thresh is not None or args.bce_pos_weight is not None):
         p.error('--bce-sum, --bce-target-thresh and --bce-pos-weight apply to --bce-loss, which is not given')
