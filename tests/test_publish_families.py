@@ -23,10 +23,13 @@ push_script = load_script('push_to_hub')
 
 COMMON = ['--dataset', 'digits', '--max-train-samples', '32', '--max-eval-samples', '16', '--batch-size', '16',
           '--eval-batch-size', '16', '--no-progress', '--epochs', '1', '--warmup-epochs', '0', '--no-aug']
-# tiny members of each family; the entmax ViT takes grayscale 16x16 input, the DeiT RGB (digits are grayscale)
+# tiny members of each family; the entmax and specialized ViTs take grayscale 16x16 input, the DeiT RGB (digits are
+# grayscale)
 FAMILY_RUNS = {
     'EntmaxVisionTransformer': ['--model', 'vit_tiny_entmax', '--input-size', '1', '16', '16',
                                 '--model-kwargs', 'patch_size=4', 'depth=1', 'embed_dim=32', 'num_heads=2'],
+    'TokenSpecializedVisionTransformer': ['--model', 'vit_tiny_specialized', '--input-size', '1', '16', '16',
+                                          '--model-kwargs', 'patch_size=4', 'depth=2', 'embed_dim=32', 'num_heads=2'],
     'TokenFusionVisionTransformer': ['--model', 'deit_t_tokenfuse', '--img-size', '16', '--model-kwargs',
                                      'patch_size=4', 'depth=3', 'embed_dim=32', 'num_heads=2',
                                      'reduction_blocks=(0,1)'],
@@ -36,7 +39,7 @@ FAMILY_RUNS = {
 
 
 def test_every_registered_family_has_a_card_template_and_a_run_here():
-    names = timm.list_models(['recursive_*', '*_entmax', '*_tokenfuse'])
+    names = timm.list_models(['recursive_*', '*_entmax', '*_specialized', '*_tokenfuse'])
     families = {cls.__name__ for cls in FAMILIES}
     assert families == set(FAMILY_RUNS) == {type(timm.create_model(n, device='meta')).__name__ for n in names}
 

@@ -1,6 +1,6 @@
 """Runs timm's own model test suite (tests/test_models.py of the installed timm's source
 distribution, fetched by `make test`) against the models timm_recursive registers (the recursive
-classifiers, the entmax ViTs and the token-fusion DeiTs).
+classifiers, the entmax and token-specialized ViTs and the token-fusion DeiTs).
 
 The published weights are not reachable here, so timm's pretrained-loading tests run against the
 session's offline Hugging Face cache (tests/conftest.py), laid out as ``hf_hub_download`` leaves it
@@ -15,7 +15,7 @@ from huggingface_hub import constants
 
 import timm_recursive  # noqa: F401  registers the models before test_models.py lists them
 
-OUR_MODELS = set(timm.list_models(['recursive_*', '*_entmax', '*_tokenfuse']))
+OUR_MODELS = set(timm.list_models(['recursive_*', '*_entmax', '*_specialized', '*_tokenfuse']))
 _REVISION = '0' * 40
 _SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
 

@@ -21,7 +21,8 @@ from typing import Callable, Dict, List, Tuple
 from torch import nn
 
 from timm_recursive.layers import DynamicSparseAttention, TokenFusionBlock
-from timm_recursive.models import EntmaxVisionTransformer, RecursiveClassifier, TokenFusionVisionTransformer
+from timm_recursive.models import (
+    EntmaxVisionTransformer, RecursiveClassifier, TokenFusionVisionTransformer, TokenSpecializedVisionTransformer)
 from timm_recursive.models._pretrained import PROJECT_URL
 
 from .runs import HubError
@@ -168,6 +169,27 @@ def _entmax_context(model: EntmaxVisionTransformer, run: Dict, record: Dict) -> 
     }
 
 
+def _specialized_context(model: TokenSpecializedVisionTransformer, run: Dict, record: Dict) -> Dict[str, str]:
+    layers = ', '.join(model.specialized_layers) or 'none'
+    return {
+        **_vit_context(model),
+        'summary': (f'A Vision Transformer whose [CLS] and register tokens have **their own normalisation and '
+                    f'projection weights** in its first blocks, from [timm-recursive]({PROJECT_URL}), trained on '
+                    f'**{dataset_name(run)}**: the "specialization" baseline that sparse attention is compared '
+                    'against.'),
+        'architecture_description': (
+            f'with separate weights for the prefix tokens and the patch tokens in layers ({layers}) of blocks '
+            f'1-{model.specialized_blocks}; attention still mixes every token, with softmax. The copies add '
+            'parameters but no multiply-adds; checkpoints of the plain ViT load into both copies.'),
+        'source_design': ('the [CLS]/patch specialization baseline of "Resumo Técnico: Vision Transformers Precisam '
+                          'de Interação de Tokens Mais Eficaz" (a technical summary, in Portuguese), built as in '
+                          'Marouani et al., 2026, "Revisiting [CLS] and Patch Token Interaction in Vision '
+                          'Transformers".'),
+        'runtime_note': 'Plain PyTorch and timm layers: `torch.onnx.export`, `torch.export` and `torch.compile` work.',
+        'research_use': 'Research on token interaction in Vision Transformers; a baseline for sparse attention.',
+    }
+
+
 def _token_fusion_context(model: TokenFusionVisionTransformer, run: Dict, record: Dict) -> Dict[str, str]:
     fusions = {i: block.fusion for i, block in enumerate(model.blocks) if isinstance(block, TokenFusionBlock)}
     first = next(iter(fusions.values()), None)
@@ -200,6 +222,8 @@ FAMILIES: Dict[type, CardFamily] = {
                                     recipe_keys=('step_weighting', 'aux_loss_coef')),
     EntmaxVisionTransformer: CardFamily('vision_transformer.md', _entmax_context,
                                         lambda model: ['vision-transformer', 'entmax', 'sparse-attention']),
+    TokenSpecializedVisionTransformer: CardFamily('vision_transformer.md', _specialized_context,
+                                                  lambda model: ['vision-transformer', 'token-specialization']),
     TokenFusionVisionTransformer: CardFamily('vision_transformer.md', _token_fusion_context,
                                              lambda model: ['vision-transformer', 'deit', 'token-fusion'],
                                              recipe_keys=('fusion_imp_weight', 'fusion_div_weight')),

@@ -1,4 +1,5 @@
-"""Reusable layers: Dynamic Sparse Attention, Mixture of Experts, entmax attention, token fusion.
+"""Reusable layers: Dynamic Sparse Attention, Mixture of Experts, entmax attention, token fusion,
+[CLS]/patch token specialization.
 
 One building block per file, no model code. Conventions shared by the layers:
 
@@ -23,6 +24,7 @@ from .adaptive_halting import (
 from .entmax_ops import entmax, entmax15, entmax_bisect
 from .entmax_attention import EntmaxAttention, attention_probs, convert_to_entmax
 from .attention_projections import ProjectedAttention
+from .token_specialization import PrefixSpecialized, SPECIALIZABLE_LAYERS, convert_to_token_specialized
 from .token_fusion import (
     DEFAULT_IMPORTANCE_SCORE, FUSION_MODES, IMPORTANCE_SCORES, clustering_macs, cls_importance, density_peak_clusters,
     fuse_tokens, fusion_objective_terms, fusion_output_counts, gumbel_keep_mask, keep_mask_softmax, num_kept,
