@@ -126,3 +126,19 @@ def test_the_script_skips_finished_runs_and_refuses_an_unknown_one(tmp_path):
     unknown = subprocess.run(command, env={**os.environ, 'ABLATION_ONLY': 'dsa_moe/seed9'}, capture_output=True, text=True)
     assert unknown.returncode == 2
     assert unknown.stderr.strip() == 'error: ABLATION_ONLY names no run of this script: dsa_moe/seed9'
+
+
+def test_beside_source_sets_the_sources_figures_beside_the_seed_means(tmp_path):
+    for seed, (k6, k2, steps4, sa_mlp) in enumerate([(80., 79., 81., 79.5), (82., 80., 81., 81.5)]):
+        for name, final in (('dsa_moe/seed{}', k6), ('dsa_moe_k2', k2), ('dsa_moe_steps4', steps4),
+                            ('sa_mlp/seed{}', sa_mlp)):
+            run_name = name.format(seed) if '{}' in name else (name if seed == 0 else f'{name}_seed{seed}')
+            _write_summary(tmp_path, run_name, seed, [final] * 16)
+    (tmp_path / 'source.json').write_text((STUDY / 'results' / 'source.json').read_text())
+    table = tables.beside_source(tmp_path)
+    assert '| top-1 drop from k = 6 to k = 2 (points) | 3.2 (CIFAR-10) | +1.50 |' in table
+    assert '| 36 / 75 | 35.8 / 75.1 |' in table
+    assert '| top-1 change from 4 to 16 steps (points) | a gain from 4 to 8-12 steps, DSA-MoE still gaining at 16 | +0.00 |' in table
+    assert '| DSA-MoE minus SA-MLP, top-1 (points) | +0.2 to +0.7 (per dataset) | +0.50 |' in table
+    assert '| DSA-MoE top-1 on CIFAR-10 (%) | 92.3 | — | not runnable here' in table
+    assert '--model recursive_dsa_moe_cifar.fashion_mnist --dataset fashion_mnist' in table

@@ -252,6 +252,46 @@ def not_reproducible(missing: Missing) -> str:
     return '\n'.join(f'- {what} (`{name}`)' for name, what in first_reason.items())
 
 
+def _finals(results: pathlib.Path, name: str) -> List[float]:
+    """Final-step top-1 of every seed of one configuration that has records."""
+    runs = (load_run(results, run_name) for _, run_name in seed_names(name))
+    return [run['per_step'][-1] for run in runs if run is not None]
+
+
+def beside_source(results: pathlib.Path) -> str:
+    """The source's reported figures (``source.json``) and this study's, point by point."""
+    source = json.loads((results / 'source.json').read_text())
+
+    def mean(name: str) -> Optional[float]:
+        finals = _finals(results, name)
+        return statistics.mean(finals) if finals else None
+
+    def points(a: Optional[float], b: Optional[float]) -> str:
+        return '—' if a is None or b is None else f'{a - b:+.2f}'
+
+    low, high = source['accuracy_margin_over_sa_mlp']
+    here = 'FashionMNIST subset, tiny models, seeds 0 1 2 (tables above)'
+    rows = [
+        ['top-1 drop from k = 6 to k = 2 (points)', f'{source["k2_drop_points_cifar10"]:.1f} (CIFAR-10)',
+         points(mean(REFERENCE), mean('dsa_moe_k2')), here],
+        ['mean DSA sparsity over 16 steps, k = 6 / k = 2 (%)',
+         f'{source["mean_sparsity"]["6"]} / {source["mean_sparsity"]["2"]}',
+         f'{100 * mean_sparsity(16, 6):.1f} / {100 * mean_sparsity(16, 2):.1f}', 'analytic, `1 - min(k, L_t) / L_t`'],
+        ['top-1 change from 4 to 16 steps (points)', 'a gain from 4 to 8-12 steps, DSA-MoE still gaining at 16',
+         points(mean(REFERENCE), mean('dsa_moe_steps4')), here],
+        ['DSA-MoE minus SA-MLP, top-1 (points)', f'+{low:g} to +{high:g} (per dataset)',
+         points(mean(REFERENCE), mean('sa_mlp/seed0')), here],
+    ]
+    not_here = (f'not runnable here: needs the d=512 model trained on a GPU; `{source["full_scale_command"]}` '
+                f'({source["epochs_note"]})')
+    rows += [[f'DSA-MoE top-1 on {name} (%)', f'{reported["top1"]:.1f}', '—',
+              not_here.replace('DATASET', reported['dataset'])
+              + ('; a tiny model on all 60,000 images: [fashion_mnist_baselines](../fashion_mnist_baselines/)'
+                 if reported['dataset'] == 'fashion_mnist' else '')]
+             for name, reported in source['accuracy'].items()]
+    return markdown_table(['metric', 'source (seed 000)', 'here', 'where this project measures it'], rows)
+
+
 def tables(results: pathlib.Path) -> Dict[str, str]:
     missing: Missing = []
     variants, variant_steps = variant_tables(results, missing)
@@ -270,6 +310,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         'full_data_epochs': epochs_table(results, FULL_DATA_ROOT),
         'summary_probes': probe_table(results),
         'interventions': intervention_table(results),
+        'beside_source': beside_source(results),
     }
     pieces['not_reproducible'] = not_reproducible(missing)
     reference = load_run(results, REFERENCE)['per_step']
