@@ -111,8 +111,10 @@ def test_token_counts_per_stage_are_as_configured():
         model(torch.randn(1, 3, 224, 224))
     for h in hooks:
         h.remove()
-    # 196 patches: keep ceil(0.7 * 196) = 138 + 4 fused = 142, then 100 + 4, then 73 + 4; plus [CLS]
-    assert seen == model.token_counts() == [197] * 3 + [143] * 3 + [105] * 3 + [78] * 3
+    # 196 patches at DeiT-S's keep rate 0.673: keep ceil(0.673 * 196) = 132 + 4 fused = 136, then 92 + 4, then 65 + 4;
+    # plus [CLS]
+    assert seen == model.token_counts() == [197] * 3 + [137] * 3 + [97] * 3 + [70] * 3
+    assert timm.create_model('deit_s_tokenfuse', keep_rate=0.7).token_counts() == [197] * 3 + [143] * 3 + [105] * 3 + [78] * 3
     model = timm.create_model('deit_t_tokenfuse', keep_rate=0.5, reduction_blocks=(0, 11), num_fused_tokens=4)
     assert model.token_counts() == [1 + 98 + 4] * 11 + [1 + 51 + 4]
 
@@ -531,3 +533,27 @@ def test_the_keep_rate_for_a_mac_budget_is_the_largest_within_it(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(['--model', 'deit_t_tokenfuse', '--budget-gmacs', '0'])
     assert exit_.value.code == 2 and '--budget-gmacs must be positive' in capsys.readouterr().err
+
+
+def test_cost_of_a_dynamicvit_model_counts_its_predictors_and_no_clustering():
+    from timm_recursive.analysis.token_fusion_cost import count_gmacs
+    dynamicvit = timm.create_model('deit_t_tokenfuse', mode='dynamicvit', keep_rate=0.5, **SMALL).eval()
+    pruned = timm.create_model('deit_t_tokenfuse', mode='both', num_fused_tokens=0, keep_rate=0.5, **SMALL).eval()
+    assert dynamicvit.token_counts() == pruned.token_counts()
+    image = torch.randn(1, 3, 96, 96)
+    cost, reference = count_gmacs(dynamicvit, image), count_gmacs(pruned, image)
+    assert cost['clustering_gmacs'] == 0 and cost['counted_gmacs'] > reference['counted_gmacs']  # the predictors
+
+
+def test_deit_s_default_lands_at_the_anchors_budget_committed_in_the_study(unfused_attention):
+    import json
+    import pathlib
+    from timm_recursive.analysis.token_fusion_cost import count_gmacs
+    from timm_recursive.models.deit_token_fusion import DEIT_S_KEEP_RATE
+    budget = json.loads((pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'token_fusion_ablation'
+                         / 'results' / 'budget_deit_s.json').read_text())
+    found = budget['fused_tokens']['4']
+    assert budget['budget_gmacs'] == 3.0 and DEIT_S_KEEP_RATE == round(found['keep_rate'] - 5e-4, 3)  # rounded down
+    model = timm.create_model('deit_s_tokenfuse').eval()
+    assert model.token_counts() == found['tokens_per_block']
+    assert count_gmacs(model, torch.randn(1, 3, 224, 224))['gmacs'] <= 3.0

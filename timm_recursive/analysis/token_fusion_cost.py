@@ -42,8 +42,9 @@ def count_gmacs(model: nn.Module, image: torch.Tensor) -> Dict[str, float]:
         for a, f in zip(attns, fused):
             a.fused_attn = f
     dim = model.embed_dim
+    # a reduction that merges nothing (mode 'importance' with no fused tokens, 'dynamicvit') records no clusters
     clustering = sum(clustering_macs(r['fuse_index'].shape[1], dim, int(r['num_clusters']))
-                     for r in reductions.values() if int(r['num_clusters']) > 0)
+                     for r in reductions.values() if int(r.get('num_clusters', 0)) > 0)
     counted = counter.get_total_flops() / 2  # the counter reports 2 FLOPs per multiply-accumulate
     return {'counted_gmacs': counted / 1e9, 'clustering_gmacs': clustering / 1e9,
             'gmacs': (counted + clustering) / 1e9}
