@@ -44,6 +44,7 @@ def test_tables_show_what_was_measured_and_dash_the_rest(tmp_path):
                       ablation.cell_name('both', 0.5, alpha=1., beta=0.): {'top1': 74.5, 'alpha': 1., 'beta': 0.}},
     }
     (tmp_path / 'results.json').write_text(json.dumps(results))
+    (tmp_path / 'source.json').write_text((STUDY / 'results' / 'source.json').read_text())
     pieces = study_tables.tables(tmp_path)
     assert '| both | 0.5 | — | — | 75.25 | 76.00 |' in pieces['main']
     assert '| both | 0.6 | — | — | 77.00 | — |' in pieces['main']
@@ -60,3 +61,53 @@ def test_tables_show_what_was_measured_and_dash_the_rest(tmp_path):
     (tmp_path / study_tables.BUDGET).write_text(json.dumps({'model': 'deit_s_tokenfuse', 'budget_gmacs': 3.0,
                                                             'tolerance': 0.001, 'fused_tokens': {'4': found}}))
     assert '| 4 | 0.673 | 2.987 | 3.004 | 197 / 137 |' in study_tables.tables(tmp_path)['deit_s_budget']
+    assert pieces['equal_macs'].startswith('not measured yet') and pieces['one_budget'].startswith('not measured yet')
+
+
+def test_equal_macs_one_budget_and_source_tables(tmp_path):
+    score = 'head_mean'
+    tokens = [50, 38, 38, 29, 23, 23]
+    one = {mode: {'top1': top1, 'keep_rate': keep, 'alpha': a, 'beta': a, 'ratio_weight': ratio, 'mmacs': mmacs,
+                  'tokens_per_block': tokens}
+           for mode, top1, keep, a, ratio, mmacs in (('dense', 81.0, 1.0, 0., 0., 16.7), ('both', 79.5, 0.7, .1, 0., 11.6),
+                                                     ('importance', 79.0, 0.7, .1, 0., 11.2),
+                                                     ('diversity', 80.5, 0.7, .1, 0., 11.9),
+                                                     ('dynamicvit', 77.0, 0.7449, 0., 2., 11.4))}
+    results = {
+        'dense': {'top1': 81.0, 'epochs': 8, 'train_images': 20000, 'eval_images': 'test[2000:5000]',
+                  'train_wall_time_s': 60.0},
+        'importance_score': score, 'this_session_s': 60.0, 'cost': {}, 'finetuned': {},
+        'cost_setup': {'batch': 64, 'repeats': 3, 'threads': 1, 'torch': '2'},
+        'cells': {ablation.cell_name(m, 0.5, importance_score=score): {'top1': t}
+                  for m, t in (('both', 74.0), ('importance', 70.0), ('diversity', 73.5))},
+        'equal_macs': {'anchor_gmacs': 3.0, 'share_of_dense': 0.65, 'budget_mmacs': 10.91, 'cells': {
+            '4': {'keep_rate': 0.611717, 'mmacs': 10.9, 'top1': 76.5, 'tokens_per_block': tokens},
+            '2': {'keep_rate': 0.652691, 'mmacs': 10.8, 'top1': 74.75, 'tokens_per_block': tokens}}},
+        'one_budget': {'keep_rate': 0.7, 'samples': 5000, 'epochs': 5, 'cells': one},
+    }
+    (tmp_path / 'results.json').write_text(json.dumps(results))
+    (tmp_path / 'source.json').write_text((STUDY / 'results' / 'source.json').read_text())
+    (tmp_path / study_tables.BUDGET).write_text((STUDY / 'results' / study_tables.BUDGET).read_text())
+    pieces = study_tables.tables(tmp_path)
+    rows = pieces['equal_macs'].splitlines()
+    assert rows[2] == '| 2 | 0.653 | 10.80 | 50 / 38 / 29 / 23 | 74.75 |'  # sorted by fused tokens
+    assert rows[3] == '| 4 | 0.612 | 10.90 | 50 / 38 / 29 / 23 | 76.50 |'
+    assert '| dynamicvit | 0.7449 | 11.40 | 50 / 38 / 29 / 23 | CE + 2 L_ratio | 77.00 |' in pieces['one_budget']
+    assert '| both | 0.7 | 11.60 | 50 / 38 / 29 / 23 | CE + 0.1 L_imp + 0.1 L_div | 79.50 |' in pieces['one_budget']
+    assert pieces['one_budget_recipe'] == '5 epochs on 5,000 training images'
+    source = pieces['beside_source']
+    assert '| DeiT-S FLOPs saved (%) | 35 | ' in source
+    assert '| small ViT top-1 lost at one budget, fine-tuned (points) | — | 1.50 |' in source
+    assert '| +0.50 / -1.00 |' in source  # both minus importance / diversity
+    assert '| +3.50 | main table, off the shelf |' in source  # diversity minus importance at keep 0.5
+    assert '| +2.50 | one-budget table, fine-tuned alike |' in source  # both minus dynamicvit
+
+
+def test_top1_leaves_the_model_in_eval_mode():
+    """A model measured by top1 is counted next (dynamicvit's training forward would cost more): its mode stays."""
+    import timm
+    import torch
+    model = timm.create_model('deit_t_tokenfuse', mode='dynamicvit', **ablation.ARCH, in_chans=1, num_classes=10).eval()
+    batches = [{'pixel_values': torch.randn(4, 1, 28, 28), 'label': torch.tensor([0, 1, 2, 3])}]
+    assert 0 <= ablation.top1(model, batches) <= 100
+    assert not model.training

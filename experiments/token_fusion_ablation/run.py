@@ -34,13 +34,13 @@ import pathlib
 import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.timing import inference_speed
-from timm_recursive.analysis.token_fusion_cost import count_gmacs
+from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget
 from timm_recursive.data import create_dataset_transform, resolve_dataset
 from timm_recursive.layers import FUSION_MODES, IMPORTANCE_SCORES, num_kept
 from timm_recursive.train import (
@@ -48,6 +48,8 @@ from timm_recursive.train import (
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # the checkout: experiments/<study>/run.py
 KEEP_RATES = (0.5, 0.6, 0.7, 0.8)
+# the source's reductions, which need no training; DynamicViT's predictors are learned (the one-budget step)
+SOURCE_MODES = tuple(mode for mode in FUSION_MODES if mode != 'dynamicvit')
 ARCH = dict(img_size=28, patch_size=4, embed_dim=64, depth=6, num_heads=4, reduction_blocks=(1, 3, 4))
 MODEL_KWARGS = [f'{k}={v}'.replace(' ', '') for k, v in ARCH.items()] + [
     "pretrained_cfg_overlay={'input_size':(1,28,28),'crop_pct':1.0}"]
@@ -60,6 +62,10 @@ NUM_PATCHES = 49
 FUSED_TOKENS = (1, 2, 4, 8)
 BUDGET_FUSED_TOKENS = 2  # fused tokens of every cell but the sweep's, and of the keep rates' token budgets
 OBJECTIVE_WEIGHTS = ((0., 0.), (0.1, 0.1), (1., 0.), (0., 1.), (1., 1.))  # (alpha, beta) at keep 0.5
+ANCHOR_GMACS = 3.0  # BAT's and EViT's DeiT-S budget; the small model is compared at the same share of its dense MACs
+ONE_BUDGET_KEEP = 0.7  # the token budget at which every mode, DynamicViT included, is fine-tuned longer
+LONG_FINETUNE = dict(samples=5000, epochs=5)  # DynamicViT's predictors start untrained: one short epoch is not enough
+DYNAMICVIT_RATIO_WEIGHT = 2.  # DynamicViT's weight of its ratio loss
 
 
 def train(args: List[str], output: str) -> None:
@@ -86,7 +92,8 @@ def fused_model(run_dir: str, **fusion):
 
 
 def top1(model, batches) -> float:
-    return evaluate_steps(StepOutputs(model), batches)['top1'][-1]
+    # the wrapper in the model's own mode: evaluate_steps puts back the mode it finds it in
+    return evaluate_steps(StepOutputs(model).train(model.training), batches)['top1'][-1]
 
 
 def cell_name(mode: str, keep_rate: float, **extra) -> str:
@@ -105,11 +112,31 @@ def budget_cell(keep_rate: float, score: str, num_fused_tokens: int) -> str:
     return cell_name('both', keep_rate, budget=True, importance_score=score, num_fused_tokens=num_fused_tokens)
 
 
-def finetune_args(dense_dir: str, fusion_kwargs: List[str], alpha: float, beta: float, samples: int) -> List[str]:
+def finetune_args(dense_dir: str, fusion_kwargs: List[str], alpha: float, beta: float, samples: int,
+                  epochs: int = 1, ratio_weight: float = 0.) -> List[str]:
     return ['--model', f'local-dir:{os.path.join(dense_dir, "model")}', '--pretrained', '--model-kwargs',
             *MODEL_KWARGS, f'num_fused_tokens={BUDGET_FUSED_TOKENS}', *fusion_kwargs, '--max-train-samples', str(samples),
-            '--max-eval-samples', '200', '--epochs', '1', '--lr', '2e-4', '--warmup-epochs', '0', '--fusion-imp-weight', str(alpha),
-            '--fusion-div-weight', str(beta), *DATA]
+            '--max-eval-samples', '200', '--epochs', str(epochs), '--lr', '2e-4', '--warmup-epochs', '0',
+            '--fusion-imp-weight', str(alpha), '--fusion-div-weight', str(beta), '--fusion-ratio-weight', str(ratio_weight),
+            *DATA]
+
+
+def anchor_share() -> float:
+    """The anchors' DeiT-S budget (``ANCHOR_GMACS``) as a share of the dense DeiT-S's counted GMACs."""
+    import timm
+    deit_s = timm.create_model('deit_s_tokenfuse', keep_rate=1.0).eval()
+    return ANCHOR_GMACS / count_gmacs(deit_s, torch.zeros(1, 3, 224, 224))['gmacs']
+
+
+def one_budget_runs(score: str) -> List[Tuple[str, List[str], float]]:
+    """(mode, fusion model kwargs, ratio loss weight) of the one-budget comparison: every mode at the token
+    budget of keep ``ONE_BUDGET_KEEP`` with the budget's fused tokens; ``dynamicvit`` fuses none, so its keep
+    rate takes their place (``budget_keep_rate(.., 0)``) and it trains with DynamicViT's ratio loss."""
+    runs = [('dense', ['keep_rate=1.0'], 0.)]
+    runs += [(mode, [f'keep_rate={ONE_BUDGET_KEEP}', f'mode={mode}', f'importance_score={score}'], 0.)
+             for mode in SOURCE_MODES]
+    dynamicvit_keep = budget_keep_rate(ONE_BUDGET_KEEP, 0)
+    return runs + [('dynamicvit', [f'keep_rate={dynamicvit_keep}', 'mode=dynamicvit'], DYNAMICVIT_RATIO_WEIGHT)]
 
 
 
@@ -136,11 +163,18 @@ def main(argv=None) -> int:
         summary = json.load(f)
     dense = fused_model(dense_dir, keep_rate=1.0)
     batches = test_batches(dense)
+    dense_top1 = top1(dense, batches)
     if 'dense' not in results:
-        results['dense'] = {'top1': top1(dense, batches), 'train_images': summary['train_images'],
+        results['dense'] = {'top1': dense_top1, 'train_images': summary['train_images'],
                             'epochs': summary['epochs'], 'train_wall_time_s': summary['wall_time_s'],
                             'command': summary['command'], 'eval_images': f'test[{EVAL_RANGE[0]}:{EVAL_RANGE[1]}]'}
         save()
+    elif abs(results['dense']['top1'] - dense_top1) > 1e-6:
+        # the recorded cells belong to other dense weights: mixing them would compare two models
+        print(f'error: the dense model in {dense_dir} scores {dense_top1:.2f}% where {results_path} recorded '
+              f'{results["dense"]["top1"]:.2f}%: its cells were measured on other weights; use a fresh --out',
+              file=sys.stderr)
+        return 2
     cells = results.setdefault('cells', {})
 
     def measure(mode: str, keep_rate: float, **fusion):
@@ -150,18 +184,18 @@ def main(argv=None) -> int:
             print(name, cells[name], flush=True)
             save()
 
-    for mode in FUSION_MODES:
+    for mode in SOURCE_MODES:
         for keep_rate in KEEP_RATES:
             for score in IMPORTANCE_SCORES:
                 measure(mode, keep_rate, importance_score=score)
     # the score that measures better on average over every mode and keep rate is used from here on
-    mean = {s: sum(cells[cell_name(m, k, importance_score=s)]['top1'] for m in FUSION_MODES for k in KEEP_RATES)
+    mean = {s: sum(cells[cell_name(m, k, importance_score=s)]['top1'] for m in SOURCE_MODES for k in KEEP_RATES)
             for s in IMPORTANCE_SCORES}
     score = results['importance_score'] = max(IMPORTANCE_SCORES, key=lambda s: (mean[s], s == 'cls_query'))
     if 'cost' not in results:
         models = {'dense': dense}
         models.update({cell_name(mode, k): fused_model(dense_dir, mode=mode, keep_rate=k, importance_score=score)
-                       for mode in FUSION_MODES for k in KEEP_RATES})
+                       for mode in SOURCE_MODES for k in KEEP_RATES})
         images = batches[0]['pixel_values'][:64]
         speed = inference_speed(models, images, 'dense', args.repeats)
         results['cost'] = {name: {**count_gmacs(m, images[:1]), **speed[name]} for name, m in models.items()}
@@ -180,10 +214,48 @@ def main(argv=None) -> int:
                 print(name, cells[name], flush=True)
                 save()
 
+    # equal MACs: the anchors' DeiT-S budget as a share of the dense cost, found for each fused-token count
+    equal_macs = results.setdefault('equal_macs', {})
+    if 'budget_mmacs' not in equal_macs:
+        share = anchor_share()
+        equal_macs.update({'anchor_gmacs': ANCHOR_GMACS, 'share_of_dense': share,
+                           'budget_mmacs': share * results['cost']['dense']['gmacs'] * 1e3, 'cells': {}})
+        save()
+    image = batches[0]['pixel_values'][:1]
+    for m in FUSED_TOKENS:
+        if str(m) in equal_macs['cells']:
+            continue
+        def build(keep_rate: float, m=m):
+            return fused_model(dense_dir, mode='both', keep_rate=keep_rate, importance_score=score, num_fused_tokens=m)
+        found = keep_rate_for_budget(build, image, equal_macs['budget_mmacs'] / 1e3)
+        model = build(found['keep_rate'])
+        equal_macs['cells'][str(m)] = {'keep_rate': found['keep_rate'], 'mmacs': found['gmacs']['gmacs'] * 1e3,
+                                       'top1': top1(model, batches), 'tokens_per_block': model.token_counts()}
+        print('equal MACs, num_fused_tokens', m, equal_macs['cells'][str(m)], flush=True)
+        save()
+
+    one_budget = results.setdefault('one_budget', {'keep_rate': ONE_BUDGET_KEEP, **LONG_FINETUNE, 'cells': {}})
+    for mode, fusion_kwargs, ratio_weight in one_budget_runs(score):
+        if mode in one_budget['cells']:
+            continue
+        alpha, beta = (args.alpha, args.beta) if mode in SOURCE_MODES else (0., 0.)
+        run_dir = os.path.join(out, 'one_budget', mode)
+        train(finetune_args(dense_dir, fusion_kwargs, alpha, beta, LONG_FINETUNE['samples'], LONG_FINETUNE['epochs'],
+                            ratio_weight), run_dir)
+        fusion = dict(kv.split('=') for kv in fusion_kwargs)
+        keep_rate = float(fusion.pop('keep_rate'))
+        model = fused_model(run_dir, keep_rate=keep_rate, **fusion)
+        one_budget['cells'][mode] = {
+            'top1': top1(model, batches), 'keep_rate': keep_rate, 'alpha': alpha, 'beta': beta,
+            'ratio_weight': ratio_weight, 'mmacs': count_gmacs(model, image)['gmacs'] * 1e3,
+            'tokens_per_block': model.token_counts()}
+        print('one budget, fine-tuned', mode, one_budget['cells'][mode], flush=True)
+        save()
+
     finetuned = results.setdefault('finetuned', {})
     runs = [('dense', ['keep_rate=1.0'], 0., 0.)]
     fused_runs = [(cell_name(mode, k), [f'keep_rate={k}', f'mode={mode}', f'importance_score={score}'], args.alpha,
-                   args.beta) for k in KEEP_RATES for mode in FUSION_MODES]
+                   args.beta) for k in KEEP_RATES for mode in SOURCE_MODES]
     objective_runs = [(cell_name('both', 0.5, alpha=a, beta=b), ['keep_rate=0.5', 'mode=both', f'importance_score={score}'],
                        a, b) for a, b in OBJECTIVE_WEIGHTS if (a, b) != (args.alpha, args.beta)]
     # keep 0.5 and 0.7 and the objective's ablation first: the rest if time allows

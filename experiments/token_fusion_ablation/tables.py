@@ -33,10 +33,75 @@ def deit_s_budget_table(path: pathlib.Path) -> str:
     r = json.loads(path.read_text())
     rows = [[fused, f'{found["keep_rate"]:.3f}', f'{found["gmacs"]["gmacs"]:.3f}',
              '—' if found['gmacs_above'] is None else f'{found["gmacs_above"]:.3f}',
-             ' / '.join(str(n) for n in dict.fromkeys(found['tokens_per_block']))]
+             _tokens(found['tokens_per_block'])]
             for fused, found in r['fused_tokens'].items()]
     return markdown_table([f'{r["model"]}: fused tokens', f'keep rate at <= {r["budget_gmacs"]:g} GMACs',
                            'its GMACs', f'GMACs {r["tolerance"]:g} higher', 'tokens per stage'], rows)
+
+
+def _tokens(counts: List[int]) -> str:
+    """Tokens per stage: each distinct count of ``token_counts()`` once, in block order."""
+    return ' / '.join(str(n) for n in dict.fromkeys(counts))
+
+
+def equal_macs_table(r: Dict) -> str:
+    """``both`` off the shelf at the anchors' MAC share, one row per fused-token count."""
+    e = r.get('equal_macs')
+    if not e or not e.get('cells'):
+        return 'not measured yet: `run.py` measures it (step "equal MACs")'
+    rows = [[fused, f'{c["keep_rate"]:.3f}', f'{c["mmacs"]:.2f}', _tokens(c['tokens_per_block']), pct(c['top1'])]
+            for fused, c in sorted(e['cells'].items(), key=lambda item: int(item[0]))]
+    return markdown_table([f'both, off the shelf, at <= {e["budget_mmacs"]:.2f} MMACs: fused tokens', 'keep rate',
+                           'MMACs', 'tokens per stage', 'top-1 (%)'], rows)
+
+
+def one_budget_table(r: Dict) -> str:
+    """Every mode, DynamicViT included, fine-tuned alike at one token budget."""
+    o = r.get('one_budget')
+    if not o or not o.get('cells'):
+        return 'not measured yet: `run.py` measures it (step "one budget")'
+    rows = []
+    for mode, c in o['cells'].items():
+        loss = ' + '.join(['CE'] + [f'{w:g} {name}' for w, name in ((c['alpha'], 'L_imp'), (c['beta'], 'L_div'),
+                                                                    (c['ratio_weight'], 'L_ratio')) if w])
+        rows.append([mode, f'{c["keep_rate"]:g}', f'{c["mmacs"]:.2f}', _tokens(c['tokens_per_block']), loss,
+                     pct(c['top1'])])
+    return markdown_table(['mode', 'keep rate', 'MMACs', 'tokens per stage', 'fine-tuned with', 'top-1 (%)'], rows)
+
+
+def beside_source(results: pathlib.Path, r: Dict) -> str:
+    """The source's reported figures (``source.json``) beside this study's, point by point."""
+    source = json.loads((results / 'source.json').read_text())
+    budget = json.loads((results / BUDGET).read_text()) if (results / BUDGET).exists() else None
+    one = (r.get('one_budget') or {}).get('cells', {})
+    off = {mode: r['cells'].get(f'{mode} keep=0.5 importance_score={r["importance_score"]}')
+           for mode in ('both', 'importance', 'diversity')}
+
+    def drop(mode: str, reference: Optional[Dict]) -> str:
+        return '—' if mode not in one or reference is None else f'{reference["top1"] - one[mode]["top1"]:.2f}'
+
+    reductions = ('—' if budget is None or 'dense_gmacs' not in budget else ' / '.join(
+        f'{100 * (1 - found["gmacs"]["gmacs"] / budget["dense_gmacs"]):.1f} ({fused} fused)'
+        for fused, found in budget['fused_tokens'].items()))
+    not_here = f'not runnable here: needs ImageNet-1K; `{source["imagenet_command"]}`'
+    rows = [
+        ['DeiT-S FLOPs saved (%)', f'{source["deit_s_flops_reduction_pct"]}', reductions,
+         f'counted GMACs at the anchors\' 3.0 GMACs (`{BUDGET_COMMAND}`)'],
+        ['DeiT-S top-1 lost (points)', f'{source["deit_s_top1_drop_points"]:g}', '—', not_here],
+        ['small ViT top-1 lost at one budget, fine-tuned (points)', '—', drop('both', one.get('dense')),
+         'dense minus `both`, keep 0.7\'s token budget (the one-budget table)'],
+        ['removing either component degrades: `both` minus `importance` / `diversity` (points)', 'yes',
+         ' / '.join('—' if m not in one or 'both' not in one else f'{one["both"]["top1"] - one[m]["top1"]:+.2f}'
+                    for m in ('importance', 'diversity')), 'one-budget table, fine-tuned'],
+        ['diversity crucial at low keep rates: `diversity` minus `importance` at keep 0.5 (points)', 'yes',
+         '—' if not (off['diversity'] and off['importance'])
+         else f'{off["diversity"]["top1"] - off["importance"]["top1"]:+.2f}', 'main table, off the shelf'],
+        ['against DynamicViT: `both` minus `dynamicvit` (points)', 'better (no figure)',
+         '—' if not ('both' in one and 'dynamicvit' in one)
+         else f'{one["both"]["top1"] - one["dynamicvit"]["top1"]:+.2f}', 'one-budget table, fine-tuned alike'],
+        ['DeiT-T top-1 gained', 'yes (no figure)', '—', not_here.replace('deit_s', 'deit_t')],
+    ]
+    return markdown_table(['claim', 'source (seed 001)', 'here', 'where this project measures it'], rows)
 
 
 def tables(results: pathlib.Path) -> Dict[str, str]:
@@ -99,7 +164,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
                                     [[f'CE + {a:g} L_imp + {b:g} L_div', pct(t)] for a, b, t in objective]),
         'score': score,
         'fused_4_vs_2': ' / '.join(f'{g:+.2f}' for g in gains),
-        'fused_4_vs_2_macs': f'{min(extra_macs):.1f}-{max(extra_macs):.1f}%',
+        'fused_4_vs_2_macs': f'{min(extra_macs):.1f}-{max(extra_macs):.1f}%' if extra_macs else '—',
         'setup': markdown_table(
             ['dense model', 'trained on', 'evaluated on', 'training wall time', 'wall time of the last session',
              'timing setup', 'date', 'commit'],
@@ -109,6 +174,11 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
               f'{r["cost_setup"]["threads"]} thread, torch {r["cost_setup"]["torch"]}',
               'not recorded', 'not recorded']]),
         'deit_s_budget': deit_s_budget_table(results / BUDGET),
+        'equal_macs': equal_macs_table(r),
+        'beside_source': beside_source(results, r),
+        'one_budget': one_budget_table(r),
+        'one_budget_recipe': (f'{r["one_budget"]["epochs"]} epochs on {r["one_budget"]["samples"]:,} training images'
+                              if r.get('one_budget') else 'not measured yet'),
         'headline': ('keep 0.5 off the shelf: ' + ', '.join(f'{m} {pct(c["top1"])}%' for m, c in keep_05.items() if c)
                      + f' (dense {pct(dense["top1"])}%; small ViT on FashionMNIST)'),
     }
