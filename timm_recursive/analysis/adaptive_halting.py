@@ -28,11 +28,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from .command import checkout_commit
 
 __all__ = ['fixed_step_predictions', 'adaptive_predictions', 'still_running', 'halting_study', 'threshold_table',
            'still_running_table', 'add_halting_arguments', 'check_halting_arguments', 'measure_halting',
@@ -236,18 +237,6 @@ def measure_halting(model, loader, args, device='cpu') -> Dict[str, object]:
     return halting_study(model, batches, args.halting_criterion, args.halting_thresholds, timing, args.halting_repeats)
 
 
-def _commit() -> Optional[str]:
-    """The checkout's commit (with '-dirty' for uncommitted changes), None outside a git checkout."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        commit = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=here, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=here,
-                               capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return commit.stdout.strip() + ('-dirty' if dirty.stdout.strip() else '')
-
-
 def _training_progress(checkpoint: Optional[str]) -> Dict[str, Optional[int]]:
     """Epochs trained into a training state folder (``checkpoints/epochN``) and the run's planned epochs."""
     def read(*parts):
@@ -300,7 +289,7 @@ def main(argv=None) -> int:
 
     provenance = {
         'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-        'commit': _commit(),
+        'commit': checkout_commit(),
         'machine': f'{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}',
         **_training_progress(args.checkpoint),
     }
