@@ -39,6 +39,7 @@ from typing import Dict, List, Tuple
 import torch
 
 import timm_recursive  # noqa: F401  registers the models
+from timm_recursive.analysis.command import checkout_commit
 from timm_recursive.analysis.timing import inference_speed
 from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget
 from timm_recursive.data import create_dataset_transform, resolve_dataset
@@ -274,6 +275,7 @@ def main(argv=None) -> int:
         save()
 
     results['this_session_s'] = time.perf_counter() - start
+    results.setdefault('finished', {'date': time.strftime('%Y-%m-%d', time.gmtime()), 'commit': checkout_commit()})
     save()
     print(f'finished: {results_path}')
     return 0

@@ -104,6 +104,24 @@ def beside_source(results: pathlib.Path, r: Dict) -> str:
     return markdown_table(['claim', 'source (seed 001)', 'here', 'where this project measures it'], rows)
 
 
+def runs_table(results: pathlib.Path, r: Dict) -> str:
+    """Off-the-shelf top-1 of this run beside the first run's (``first_run/results.json``, another dense model
+    trained by the same command): how far the cells move between two dense models."""
+    first_path = results / 'first_run' / 'results.json'
+    if not first_path.exists():
+        return 'no earlier run kept'
+    first = json.loads(first_path.read_text())
+    rows = [['dense', '1.0', pct(first['dense']['top1']), pct(r['dense']['top1']),
+             f'{r["dense"]["top1"] - first["dense"]["top1"]:+.2f}']]
+    for name, cell in r['cells'].items():
+        mode, s = parse_cell(name)
+        before = first['cells'].get(name)
+        if 'budget' in s or s.get('importance_score') != r['importance_score'] or before is None:
+            continue
+        rows.append([mode, s['keep'], pct(before['top1']), pct(cell['top1']), f'{cell["top1"] - before["top1"]:+.2f}'])
+    return markdown_table(['off the shelf', 'keep', 'first run top-1 (%)', 'this run top-1 (%)', 'difference'], rows)
+
+
 def tables(results: pathlib.Path) -> Dict[str, str]:
     r = json.loads((results / 'results.json').read_text())
     cells, finetuned, cost = r['cells'], r['finetuned'], r['cost']
@@ -172,9 +190,11 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
               f'{dense["train_wall_time_s"] / 60:.1f} min', f'{r["this_session_s"] / 60:.1f} min',
               f'batch {r["cost_setup"]["batch"]}, {r["cost_setup"]["repeats"]} repeats, '
               f'{r["cost_setup"]["threads"]} thread, torch {r["cost_setup"]["torch"]}',
-              'not recorded', 'not recorded']]),
+              r.get('finished', {}).get('date', 'not recorded'),
+              r.get('finished', {}).get('commit') or 'not recorded']]),
         'deit_s_budget': deit_s_budget_table(results / BUDGET),
         'equal_macs': equal_macs_table(r),
+        'runs': runs_table(results, r),
         'beside_source': beside_source(results, r),
         'one_budget': one_budget_table(r),
         'one_budget_recipe': (f'{r["one_budget"]["epochs"]} epochs on {r["one_budget"]["samples"]:,} training images'
