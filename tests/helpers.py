@@ -1,5 +1,5 @@
-"""Shared by the tests: the command-line commands as modules, a training run of a few seconds, and the check
-that bad input is one error line."""
+"""Shared by the tests: the command-line commands as modules, a training run of a few seconds, the check
+that bad input is one error line, and a Hub checkpoint laid into an offline cache."""
 import importlib
 import os
 
@@ -27,3 +27,17 @@ def assert_one_error_line(main, argv, output, capsys, message: str) -> None:
     errors = [line for line in err.splitlines() if 'error:' in line]
     assert status == 2 and len(errors) == 1 and message in errors[0], err
     assert 'Traceback' not in err and not output.exists()
+
+
+def cache_hub_checkpoint(cache_dir, monkeypatch, repo_id: str, state_dict) -> None:
+    """Lay ``state_dict`` out as ``hf_hub_download`` leaves ``repo_id``'s ``model.safetensors`` in ``cache_dir``
+    (a pathlib folder) and point the offline Hub cache there, so pretrained loading runs without the network."""
+    import safetensors.torch
+    from huggingface_hub import constants
+    repo = cache_dir / ('models--' + repo_id.replace('/', '--'))
+    snapshot = repo / 'snapshots' / ('0' * 40)
+    snapshot.mkdir(parents=True)
+    (repo / 'refs').mkdir()
+    (repo / 'refs' / 'main').write_text('0' * 40)
+    safetensors.torch.save_file(state_dict, str(snapshot / 'model.safetensors'))
+    monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(cache_dir))

@@ -5,7 +5,6 @@ import os
 import numpy as np
 import pytest
 from PIL import Image
-import safetensors.torch
 import torch
 import torch.nn.functional as F
 
@@ -13,6 +12,8 @@ import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.layers import EntmaxAttention, convert_to_entmax
 from timm_recursive.models import EntmaxVisionTransformer
+
+from helpers import cache_hub_checkpoint
 
 SMALL = dict(img_size=64)  # a 4x4 patch grid keeps the tests fast
 
@@ -40,16 +41,9 @@ def test_timm_vit_state_dicts_load_strictly_and_alpha_one_is_softmax(ours, their
 
 
 def test_dino_checkpoint_loads_through_the_registered_tag(tmp_path, monkeypatch):
-    from huggingface_hub import constants
-    # DINO's file holds vit_small_patch16_224 weights without a head: lay one into an offline cache
-    repo = tmp_path / 'models--timm--vit_small_patch16_224.dino'
-    snapshot = repo / 'snapshots' / ('0' * 40)
-    snapshot.mkdir(parents=True)
-    (repo / 'refs').mkdir()
-    (repo / 'refs' / 'main').write_text('0' * 40)
+    # DINO's file holds vit_small_patch16_224 weights without a head
     dino = timm.create_model('vit_small_patch16_224', num_classes=0)
-    safetensors.torch.save_file(dino.state_dict(), str(snapshot / 'model.safetensors'))
-    monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(tmp_path))
+    cache_hub_checkpoint(tmp_path, monkeypatch, 'timm/vit_small_patch16_224.dino', dino.state_dict())
     model = timm.create_model('vit_small_entmax.dino', pretrained=True)
     assert isinstance(model, EntmaxVisionTransformer) and model.num_classes == 0
     for name, tensor in dino.state_dict().items():

@@ -2,13 +2,14 @@
 import copy
 
 import pytest
-import safetensors.torch
 import torch
 
 import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.layers import PrefixSpecialized, convert_to_token_specialized
 from timm_recursive.models import TokenSpecializedVisionTransformer
+
+from helpers import cache_hub_checkpoint
 
 SMALL = dict(img_size=64)  # a 4x4 patch grid keeps the tests fast
 
@@ -65,15 +66,9 @@ def test_timm_state_dicts_load_strictly_into_both_copies_and_reproduce_timm(kwar
 
 
 def test_dino_checkpoint_loads_through_the_registered_tag(tmp_path, monkeypatch):
-    from huggingface_hub import constants
-    repo = tmp_path / 'models--timm--vit_small_patch16_224.dino'
-    snapshot = repo / 'snapshots' / ('0' * 40)
-    snapshot.mkdir(parents=True)
-    (repo / 'refs').mkdir()
-    (repo / 'refs' / 'main').write_text('0' * 40)
+    # DINO's file holds vit_small_patch16_224 weights without a head
     dino = timm.create_model('vit_small_patch16_224', num_classes=0)
-    safetensors.torch.save_file(dino.state_dict(), str(snapshot / 'model.safetensors'))
-    monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(tmp_path))
+    cache_hub_checkpoint(tmp_path, monkeypatch, 'timm/vit_small_patch16_224.dino', dino.state_dict())
     model = timm.create_model('vit_small_specialized.dino', pretrained=True)
     assert isinstance(model, TokenSpecializedVisionTransformer) and model.num_classes == 0
     torch.testing.assert_close(model.blocks[2].attn.qkv.prefix.weight, dino.blocks[2].attn.qkv.weight)

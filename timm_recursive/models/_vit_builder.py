@@ -1,6 +1,8 @@
 """What the ViT-based families (entmax ViTs, token-fusion DeiTs) share: building through timm and the config shape."""
+import functools
 from typing import Callable, Type
 
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.models import build_model_with_cfg
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
@@ -34,4 +36,18 @@ def vit_cfg(hf_hub_id: str, mean, std, crop_pct: float, **kwargs):
         'first_conv': 'patch_embed.proj', 'classifier': 'head',
         'license': 'apache-2.0',
         **kwargs,
+    }
+
+
+def timm_vit_weight_cfgs(family: str) -> dict:
+    """Pretrained configs of ``vit_{tiny,small,base}_<family>`` that load timm's softmax ViT weight files (AugReg's,
+    and DINO's ViT-S/16): for families that keep the ViT's parameters, initialisations to fine-tune from."""
+    cfg = functools.partial(vit_cfg, mean=IMAGENET_INCEPTION_MEAN, std=IMAGENET_INCEPTION_STD, crop_pct=.9)
+    return {
+        f'vit_tiny_{family}.augreg_in21k_ft_in1k': cfg('timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k'),
+        f'vit_small_{family}.augreg_in21k_ft_in1k': cfg('timm/vit_small_patch16_224.augreg_in21k_ft_in1k'),
+        f'vit_small_{family}.dino': cfg(
+            'timm/vit_small_patch16_224.dino', num_classes=0, crop_pct=.875,
+            mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD),
+        f'vit_base_{family}.augreg2_in21k_ft_in1k': cfg('timm/vit_base_patch16_224.augreg2_in21k_ft_in1k'),
     }

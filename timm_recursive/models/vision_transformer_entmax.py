@@ -13,15 +13,13 @@ weights.
 
 ``convert_to_entmax(model, alpha)`` (``timm_recursive.layers``) does the same to any timm ViT in place.
 """
-import functools
 
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 
 from timm_recursive.layers import EntmaxAttention, convert_to_entmax
 
-from ._vit_builder import create_vit_model, vit_cfg
+from ._vit_builder import create_vit_model, timm_vit_weight_cfgs
 
 __all__ = ['EntmaxVisionTransformer']
 
@@ -43,17 +41,8 @@ class EntmaxVisionTransformer(VisionTransformer):
         convert_to_entmax(self, alpha)
 
 
-_cfg = functools.partial(vit_cfg, mean=IMAGENET_INCEPTION_MEAN, std=IMAGENET_INCEPTION_STD, crop_pct=.9)
-
 # softmax-trained weight files of timm's matching ViTs: initialisations to fine-tune with entmax
-default_cfgs = generate_default_cfgs({
-    'vit_tiny_entmax.augreg_in21k_ft_in1k': _cfg('timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k'),
-    'vit_small_entmax.augreg_in21k_ft_in1k': _cfg('timm/vit_small_patch16_224.augreg_in21k_ft_in1k'),
-    'vit_small_entmax.dino': _cfg(
-        'timm/vit_small_patch16_224.dino', num_classes=0, crop_pct=.875,
-        mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD),
-    'vit_base_entmax.augreg2_in21k_ft_in1k': _cfg('timm/vit_base_patch16_224.augreg2_in21k_ft_in1k'),
-})
+default_cfgs = generate_default_cfgs(timm_vit_weight_cfgs('entmax'))
 
 
 @register_model

@@ -13,16 +13,14 @@ parameters but no multiply-adds. timm's checkpoints load strictly: each shared t
 both copies (``timm_recursive.layers.PrefixSpecialized``), so the pretrained tags load the same
 softmax files as timm's models, DINO's ViT-S/16 included.
 """
-import functools
 from typing import Optional, Sequence
 
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 
 from timm_recursive.layers import convert_to_token_specialized
 
-from ._vit_builder import create_vit_model, vit_cfg
+from ._vit_builder import create_vit_model, timm_vit_weight_cfgs
 
 __all__ = ['TokenSpecializedVisionTransformer']
 
@@ -46,17 +44,8 @@ class TokenSpecializedVisionTransformer(VisionTransformer):
         convert_to_token_specialized(self, self.specialized_blocks, self.specialized_layers)
 
 
-_cfg = functools.partial(vit_cfg, mean=IMAGENET_INCEPTION_MEAN, std=IMAGENET_INCEPTION_STD, crop_pct=.9)
-
 # softmax-trained weight files of timm's matching ViTs, loaded into both copies: initialisations to fine-tune
-default_cfgs = generate_default_cfgs({
-    'vit_tiny_specialized.augreg_in21k_ft_in1k': _cfg('timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k'),
-    'vit_small_specialized.augreg_in21k_ft_in1k': _cfg('timm/vit_small_patch16_224.augreg_in21k_ft_in1k'),
-    'vit_small_specialized.dino': _cfg(
-        'timm/vit_small_patch16_224.dino', num_classes=0, crop_pct=.875,
-        mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD),
-    'vit_base_specialized.augreg2_in21k_ft_in1k': _cfg('timm/vit_base_patch16_224.augreg2_in21k_ft_in1k'),
-})
+default_cfgs = generate_default_cfgs(timm_vit_weight_cfgs('specialized'))
 
 
 @register_model
