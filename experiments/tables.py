@@ -19,8 +19,9 @@ STUDIES = (
     ('fashion_mnist_baselines', 'recursive classifier', 'SA-MLP, SA-MoE and DSA-MoE on FashionMNIST'),
     ('recursion_refinement', 'recursive classifier', 'do the 16 steps refine the prediction?'),
     ('adaptive_halting', 'recursive classifier', 'how many steps does each image need?'),
-    ('token_fusion_ablation', 'token fusion', 'importance, diversity and the fused-token count'),
-    ('dino_fashion_mnist', 'entmax ViT', 'DINO pretraining and probes: softmax, entmax, registers'),
+    ('token_fusion_ablation', 'token fusion',
+     'importance, diversity, DynamicViT and the fused-token count at equal MACs'),
+    ('dino_fashion_mnist', 'entmax ViT', 'DINO pretraining and probes: softmax, entmax, registers, specialization'),
     ('speed', 'every family', 'speed and cost ratios against the dense baselines'),
 )
 

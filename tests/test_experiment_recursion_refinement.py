@@ -138,7 +138,8 @@ def test_beside_source_sets_the_sources_figures_beside_the_seed_means(tmp_path):
     table = tables.beside_source(tmp_path)
     assert '| top-1 drop from k = 6 to k = 2 (points) | 3.2 (CIFAR-10) | +1.50 |' in table
     assert '| 36 / 75 | 35.8 / 75.1 |' in table
-    assert '| top-1 change from 4 to 16 steps (points) | a gain from 4 to 8-12 steps, DSA-MoE still gaining at 16 | +0.00 |' in table
+    assert ('| top-1 change from 4 to 16 steps (points) | a gain from 4 to 8-12 steps, DSA-MoE still gaining at 16 '
+            '| +0.00 |') in table
     assert '| DSA-MoE minus SA-MLP, top-1 (points) | +0.2 to +0.7 (per dataset) | +0.50 |' in table
     assert '| DSA-MoE top-1 on CIFAR-10 (%) | 92.3 | — | not runnable here' in table
     assert '--model recursive_dsa_moe_cifar.fashion_mnist --dataset fashion_mnist' in table

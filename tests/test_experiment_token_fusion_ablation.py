@@ -69,7 +69,8 @@ def test_equal_macs_one_budget_and_source_tables(tmp_path):
     tokens = [50, 38, 38, 29, 23, 23]
     one = {mode: {'top1': top1, 'keep_rate': keep, 'alpha': a, 'beta': a, 'ratio_weight': ratio, 'mmacs': mmacs,
                   'tokens_per_block': tokens}
-           for mode, top1, keep, a, ratio, mmacs in (('dense', 81.0, 1.0, 0., 0., 16.7), ('both', 79.5, 0.7, .1, 0., 11.6),
+           for mode, top1, keep, a, ratio, mmacs in (('dense', 81.0, 1.0, 0., 0., 16.7),
+                                                     ('both', 79.5, 0.7, .1, 0., 11.6),
                                                      ('importance', 79.0, 0.7, .1, 0., 11.2),
                                                      ('diversity', 80.5, 0.7, .1, 0., 11.9),
                                                      ('dynamicvit', 77.0, 0.7449, 0., 2., 11.4))}

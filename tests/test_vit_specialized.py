@@ -88,8 +88,10 @@ def test_training_moves_the_copies_apart():
 
 
 def test_other_layers_and_block_counts():
-    model = timm.create_model('vit_tiny_specialized', **SMALL, specialized_blocks=12, specialized_layers=('mlp', 'proj'))
-    assert all(isinstance(b.mlp, PrefixSpecialized) and isinstance(b.attn.proj, PrefixSpecialized) for b in model.blocks)
+    model = timm.create_model('vit_tiny_specialized', **SMALL, specialized_blocks=12,
+                              specialized_layers=('mlp', 'proj'))
+    assert all(isinstance(b.mlp, PrefixSpecialized) and isinstance(b.attn.proj, PrefixSpecialized)
+               for b in model.blocks)
     assert not any(isinstance(b.norm1, PrefixSpecialized) for b in model.blocks)
     model = timm.create_model('vit_tiny_specialized', **SMALL, specialized_blocks=0)
     assert not any(isinstance(m, PrefixSpecialized) for m in model.modules())

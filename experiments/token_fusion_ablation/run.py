@@ -118,7 +118,8 @@ def finetune_args(dense_dir: str, fusion_kwargs: List[str], alpha: float, beta: 
     return ['--model', f'local-dir:{os.path.join(dense_dir, "model")}', '--pretrained', '--model-kwargs',
             *MODEL_KWARGS, f'num_fused_tokens={BUDGET_FUSED_TOKENS}', *fusion_kwargs, '--max-train-samples', str(samples),
             '--max-eval-samples', '200', '--epochs', str(epochs), '--lr', '2e-4', '--warmup-epochs', '0',
-            '--fusion-imp-weight', str(alpha), '--fusion-div-weight', str(beta), '--fusion-ratio-weight', str(ratio_weight),
+            '--fusion-imp-weight', str(alpha), '--fusion-div-weight', str(beta),
+            '--fusion-ratio-weight', str(ratio_weight),
             *DATA]
 
 

@@ -61,7 +61,8 @@ def _share_unspecialized_tensors(module, state_dict, prefix, *args) -> None:
         state_dict[f'{prefix}patch.{name}'] = tensor.clone()
 
 
-def convert_to_token_specialized(model: nn.Module, num_blocks: int, layers: Sequence[str] = ('norm', 'qkv')) -> nn.Module:
+def convert_to_token_specialized(model: nn.Module, num_blocks: int,
+                                 layers: Sequence[str] = ('norm', 'qkv')) -> nn.Module:
     """Give the prefix tokens their own ``layers`` (keys of ``SPECIALIZABLE_LAYERS``) in the first ``num_blocks``
     blocks of the timm ViT ``model``, in place; returns ``model``."""
     blocks = getattr(model, 'blocks', None)
