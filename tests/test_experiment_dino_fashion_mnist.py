@@ -9,36 +9,70 @@ from timm_recursive.analysis.generated_markdown import import_file
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'dino_fashion_mnist'
 
 
-def _variant_run(folder: pathlib.Path, model: str, top1: float, **model_kwargs) -> None:
+def _per_layer(key: str, values) -> dict:
+    return {key: values[-1], 'per_layer': [{'block': i, key: v} for i, v in enumerate(values)]}
+
+
+def _variant_run(folder: pathlib.Path, model: str, top1: float, losses=(6.2, 5.9, 5.5), probes=True, **model_kwargs):
     folder.mkdir(parents=True)
-    summary = {'model': model, 'model_kwargs': {'embed_dim': 192, **model_kwargs}, 'train_images': 1000,
-               'epochs': 2, 'hardware': 'CPU, 1 thread', 'wall_time_s': 240.0, 'final': {'loss': 6.5}}
-    segment = {'miou': 12.0, 'pixel_accuracy': 57.0, 'per_class_iou': [82.0, 5.0, 14.5], 'train_images': 300,
-               'eval_images': 150, 'img_size': 56, 'num_classes': 3}
-    files = {'summary': summary, 'linear': {'top1': top1, 'train_images': 2000, 'eval_images': 10000},
-             'segment': segment, 'segment_cls': {**segment, 'miou': 15.0}}
+    summary = {'model': model, 'model_kwargs': {'embed_dim': 192, 'depth': 2, **model_kwargs}, 'train_images': 1000,
+               'epochs': len(losses), 'hardware': 'CPU, 1 thread', 'wall_time_s': 240.0, 'final': {'loss': losses[-1]}}
+    segment = {**_per_layer('miou', [10.0, 12.0]), 'pixel_accuracy': 57.0, 'per_class_iou': [82.0, 5.0, 14.5],
+               'train_images': 300, 'eval_images': 150, 'img_size': 56, 'num_classes': 3}
+    files = {'summary': summary}
+    if probes:
+        files.update({'linear': {'top1': top1, 'train_images': 2000, 'eval_images': 10000, 'n_last_blocks': 4},
+                      'segment': segment, 'segment_cls': {**segment, **_per_layer('miou', [13.0, 15.0])},
+                      'depth_cls': _per_layer('rmse', [0.31, 0.25])})
     for name, data in files.items():
         (folder / f'{name}.json').write_text(json.dumps(data))
+    # a resumed run may log an epoch twice: the later record counts
+    records = [{'epoch': 1, 'loss': 9.0}] + [{'epoch': i + 1, 'loss': loss} for i, loss in enumerate(losses)]
+    (folder / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
 
 
 def test_collect_then_tables(tmp_path):
     _variant_run(tmp_path / 'entmax', 'vit_small_entmax', 59.0)
     _variant_run(tmp_path / 'reg4', 'vit_small_patch16_224', 44.0, reg_tokens=4)
+    _variant_run(tmp_path / 'specialized', 'vit_small_specialized', 50.0, losses=(6.1, 6.0), probes=False)
     (tmp_path / 'canvases').mkdir()  # not a run: skipped
-    sparsity = {'zero_fraction': [0.25], 'support_per_head': [[6.0, 9.0]], 'seq_len': 10, 'alpha': [1.5]}
+    sparsity = {'zero_fraction': [0.25, 0.5], 'support_per_head': [[6.0, 9.0]] * 2, 'seq_len': 10, 'alpha': [1.5] * 2}
     (tmp_path / 'sparsity.json').write_text(json.dumps({'entmax': sparsity}))  # attention_maps --compare's
+    pib = {'pib': [0.4, 0.3], 'chance': [0.2, 0.2], 'patch_mass': [0.9, 0.8]}
+    (tmp_path / 'point_in_box.json').write_text(json.dumps({'canvases': 64, 'img_size': 56, 'backbones': {
+        'entmax': pib, 'reg4': {**pib, 'pib': [0.35, 0.25]}}}))
     result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     results = json.loads((tmp_path / 'results.json').read_text())
-    assert sorted(results) == ['entmax', 'reg4']
+    assert sorted(results) == ['entmax', 'reg4', 'specialized']
     assert results['entmax']['attention_sparsity'] == sparsity and 'attention_sparsity' not in results['reg4']
+    assert results['entmax']['pretraining']['loss_per_epoch'] == [6.2, 5.9, 5.5]
+    assert results['reg4']['point_in_box']['pib'] == [0.35, 0.25] and results['reg4']['point_in_box']['canvases'] == 64
+    assert 'linear' not in results['specialized'] and 'point_in_box' not in results['specialized']
+    assert set(results['entmax']['collected']) == {'date', 'commit'}
 
+    (tmp_path / 'source.json').write_text((STUDY / 'results' / 'source.json').read_text())
     pieces = import_file(STUDY / 'tables.py').tables(tmp_path)
-    assert '| reg4 | `vit_small_patch16_224` reg_tokens=4 | 1,000 x 2 | 4.0 | 6.5000 | 44.00 | 12.00 | 15.00 |' \
-        in pieces['main']
+    reg4 = '| reg4 | `vit_small_patch16_224` reg_tokens=4 | 1,000 x 3 | 4.0 | 5.500 | 44.00 | 12.00 | 15.00 | 0.2500 |'
+    assert reg4 in pieces['main']
+    specialized = '| specialized | `vit_small_specialized` | 1,000 x 2 | 4.0 | 6.000 | — | — | — | — |'
+    assert specialized in pieces['main']
+    assert '| entmax | 6.200 | 5.900 | 5.500 |' in pieces['loss']
+    assert '| specialized | 6.100 | 6.000 | — |' in pieces['loss']
+    assert '| entmax, patches | 10.00 | 12.00 |' in pieces['segment_layers']
+    assert '| entmax, patches + [CLS] | 13.00 | 15.00 |' in pieces['segment_layers']
+    assert '| specialized, patches | — | — |' in pieces['segment_layers']
+    assert '| reg4 | 0.3100 | 0.2500 |' in pieces['depth_layers']
+    assert '| reg4 | 0.350 | 0.250 | 0.200 / 0.200 |' in pieces['pib']
+    assert '| entmax | 0.250 | 0.500 |' in pieces['sparsity']
     assert '| entmax | 57.00 / 82.00 / 14.50 | 57.00 / 82.00 / 14.50 |' in pieces['dense']
     assert pieces['linear_gap'] == '15.0'
     assert pieces['headline'].startswith('linear probe top-1 entmax 59.00%, reg4 44.00% (one seed; ViTs of width 192')
+    beside = pieces['beside_source'].splitlines()
+    assert beside[0].startswith('| metric | source: CLS baseline | source: entmax-1.5 | source: register-4 |')
+    linear = next(row for row in beside if row.startswith('| linear probe top-1'))
+    assert '| 69.50 | 70.06 | — | — | — | 59.00 | 44.00 | — |' in linear  # no softmax run in this root
+    assert any(row.startswith('| ADE20K mIoU (%) |') and 'not runnable here' in row for row in beside)
 
 
 def test_collect_refuses_an_empty_root(tmp_path):

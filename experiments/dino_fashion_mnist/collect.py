@@ -3,16 +3,31 @@
 
     python experiments/dino_fashion_mnist/collect.py runs/dino_fashion_mnist
 
-Reads, for each variant folder under the root, ``summary.json`` (pretraining) and the probes'
-``linear.json``, ``segment.json`` and ``segment_cls.json``, and the measured attention sparsity of the entmax
-variants from ``<root>/sparsity.json`` (``attention_maps --compare``); writes ``<root>/results.json``.
+Reads, for each variant folder under the root, ``summary.json`` and ``metrics.jsonl`` (pretraining: the
+per-epoch DINO loss goes in as ``loss_per_epoch``) and the probes' ``linear.json``, ``segment.json``,
+``segment_cls.json`` and ``depth_cls.json``; from the root, the measured attention sparsity of the entmax
+variants (``sparsity.json``, ``attention_maps --compare``) and Point-in-Box per block (``point_in_box.json``);
+writes ``<root>/results.json``. A probe not run yet is left out of its variant (the tables show a dash).
 """
 import argparse
 import json
 import os
 import sys
+import time
 
+from timm_recursive.analysis.command import checkout_commit
 from timm_recursive.train.files import write_json_atomic
+
+
+PROBES = ('linear', 'segment', 'segment_cls', 'depth_cls')
+
+
+def _read_json(path: str):
+    """The JSON in ``path``, or None if there is no such file."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 def main(argv=None) -> int:
@@ -24,23 +39,29 @@ def main(argv=None) -> int:
         folder = os.path.join(root, variant)
         if not os.path.isfile(os.path.join(folder, 'summary.json')):
             continue
-        row = {}
-        for name in ('summary', 'linear', 'segment', 'segment_cls'):
-            with open(os.path.join(folder, f'{name}.json')) as f:
-                row[name] = json.load(f)
+        row = {name: _read_json(os.path.join(folder, f'{name}.json')) for name in ('summary', *PROBES)}
+        with open(os.path.join(folder, 'metrics.jsonl')) as f:
+            # by epoch: a resumed run may have logged an epoch twice
+            losses = {record['epoch']: record['loss'] for record in map(json.loads, filter(str.strip, f))}
+        row['summary']['loss_per_epoch'] = [losses[epoch] for epoch in sorted(losses)]
         rows[variant] = row
     if not rows:
         print(f'no finished variant under {root}', file=sys.stderr)
         return 2
-    sparsity, sparsity_file = {}, os.path.join(root, 'sparsity.json')
-    if os.path.isfile(sparsity_file):  # run.sh writes it last: a root gathered before has none
-        with open(sparsity_file) as f:
-            sparsity = json.load(f)
-    results = {variant: {'model': r['summary']['model'], 'model_kwargs': r['summary']['model_kwargs'],
-                         'pretraining': r['summary'], 'linear': r['linear'], 'segment': r['segment'],
-                         'segment_cls': r['segment_cls'],
-                         **({'attention_sparsity': sparsity[variant]} if variant in sparsity else {})}
-               for variant, r in rows.items()}
+    # written after every variant's probes: a root gathered before has neither
+    sparsity = _read_json(os.path.join(root, 'sparsity.json')) or {}
+    pib = _read_json(os.path.join(root, 'point_in_box.json'))
+    collected = {'date': time.strftime('%Y-%m-%d', time.gmtime()), 'commit': checkout_commit() or 'not recorded'}
+    results = {}
+    for variant, r in rows.items():
+        results[variant] = {'model': r['summary']['model'], 'model_kwargs': r['summary']['model_kwargs'],
+                            'collected': collected,
+                            'pretraining': r['summary'], **{name: r[name] for name in PROBES if r[name] is not None}}
+        if variant in sparsity:
+            results[variant]['attention_sparsity'] = sparsity[variant]
+        if pib is not None and variant in pib['backbones']:
+            results[variant]['point_in_box'] = {
+                **{k: v for k, v in pib.items() if k != 'backbones'}, **pib['backbones'][variant]}
     path = os.path.join(root, 'results.json')
     write_json_atomic(path, results)
     print(f'wrote {path} ({", ".join(results)})')
