@@ -104,6 +104,13 @@ def beside_source(results: pathlib.Path, r: Dict) -> str:
     return markdown_table(['claim', 'source (seed 001)', 'here', 'where this project measures it'], rows)
 
 
+def dense_runs(results: pathlib.Path, r: Dict) -> str:
+    """The dense model's top-1 in this run and in the first, as prose."""
+    first_path = results / 'first_run' / 'results.json'
+    first = json.loads(first_path.read_text())['dense']['top1'] if first_path.exists() else None
+    return f'{pct(r["dense"]["top1"])}% where the first scored {pct(first)}%'
+
+
 def runs_table(results: pathlib.Path, r: Dict) -> str:
     """Off-the-shelf top-1 of this run beside the first run's (``first_run/results.json``, another dense model
     trained by the same command): how far the cells move between two dense models."""
@@ -195,6 +202,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         'deit_s_budget': deit_s_budget_table(results / BUDGET),
         'equal_macs': equal_macs_table(r),
         'runs': runs_table(results, r),
+        'dense_runs': dense_runs(results, r),
         'beside_source': beside_source(results, r),
         'one_budget': one_budget_table(r),
         'one_budget_recipe': (f'{r["one_budget"]["epochs"]} epochs on {r["one_budget"]["samples"]:,} training images'
