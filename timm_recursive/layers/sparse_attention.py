@@ -133,11 +133,16 @@ class DynamicSparseAttention(nn.Module):
             attn = self.attn_drop(attn).view(B, L * self.num_heads, L)
             out = attn @ v  # B, L * H, D
         else:
+            # Every query-key product in one matmul per image, then each query's k selected products
+            # picked out; the probabilities are put back in place (zero elsewhere) for one matmul with
+            # the values. At these lengths the L / k times more products cost less than gathering k
+            # keys and values per query (k times the key/value head's size) and B * L tiny matmuls.
             idx = self.key_select(scores.topk(self.topk, dim=-1).indices)  # B, L, k
-            flat_idx = idx.reshape(B, L * self.topk, 1).expand(-1, -1, 2 * self.head_dim)
-            kv_sel = kv.gather(1, flat_idx).view(B, L, self.topk, 2 * self.head_dim)  # keys and values at once
-            k_sel, v_sel = kv_sel.split(self.head_dim, dim=-1)
-            attn = (q @ k_sel.transpose(-2, -1)) * self.scale  # B, L, H, k
+            head_idx = idx.unsqueeze(2).expand(-1, -1, self.num_heads, -1)  # B, L, H, k
+            k, v = kv.split(self.head_dim, dim=-1)
+            attn = q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)
+            attn = attn.view(B, L, self.num_heads, L).gather(-1, head_idx) * self.scale
             attn = attn.softmax(dim=-1) * gate.gather(-1, idx).unsqueeze(2)
-            out = self.attn_drop(attn) @ v_sel  # B, L, H, D
+            attn = attn.new_zeros(B, L, self.num_heads, L).scatter(-1, head_idx, self.attn_drop(attn))
+            out = attn.view(B, L * self.num_heads, L) @ v  # B, L * H, D
         return self.proj_drop(self.proj(out.reshape(B, L, C)))
