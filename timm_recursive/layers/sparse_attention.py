@@ -54,6 +54,14 @@ def attention_map(probs: torch.Tensor, key_indices: torch.Tensor) -> torch.Tenso
     return probs.new_zeros(B, L, H, L).scatter_(-1, key_indices.unsqueeze(2).expand(-1, -1, H, -1), probs)
 
 
+def _softmax_short_rows(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension, written out: on CPU torch's softmax kernel vectorises along a
+    row, and rows of at most k (or L <= k) scores leave it mostly idle (about twice the time, forward
+    and backward). The subtracted maximum, which softmax is invariant to, carries no gradient."""
+    x = (x - x.detach().amax(dim=-1, keepdim=True)).exp()
+    return x / x.sum(dim=-1, keepdim=True)
+
+
 @register_notrace_module  # sequence-length dependent control flow: keep it a leaf in FX graphs
 class DynamicSparseAttention(nn.Module):
     """Multi-query self-attention in which each query attends to the top-k keys chosen by an indexer.
@@ -129,7 +137,7 @@ class DynamicSparseAttention(nn.Module):
             self.key_select(torch.arange(L, device=x.device).expand(B, L, L))
             k, v = kv.split(self.head_dim, dim=-1)
             attn = (q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)) * self.scale
-            attn = attn.softmax(dim=-1).view(B, L, self.num_heads, L) * gate.unsqueeze(2)
+            attn = _softmax_short_rows(attn).view(B, L, self.num_heads, L) * gate.unsqueeze(2)
             attn = self.attn_drop(attn).view(B, L * self.num_heads, L)
             out = attn @ v  # B, L * H, D
         else:
@@ -142,7 +150,7 @@ class DynamicSparseAttention(nn.Module):
             k, v = kv.split(self.head_dim, dim=-1)
             attn = q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)
             attn = attn.view(B, L, self.num_heads, L).gather(-1, head_idx) * self.scale
-            attn = attn.softmax(dim=-1) * gate.gather(-1, idx).unsqueeze(2)
+            attn = _softmax_short_rows(attn) * gate.gather(-1, idx).unsqueeze(2)
             attn = attn.new_zeros(B, L, self.num_heads, L).scatter(-1, head_idx, self.attn_drop(attn))
             out = attn.view(B, L * self.num_heads, L) @ v  # B, L * H, D
         return self.proj_drop(self.proj(out.reshape(B, L, C)))
