@@ -132,25 +132,23 @@ class DynamicSparseAttention(nn.Module):
         q, kv, scores = self._project(x)
         prob = torch.sigmoid(scores)
         gate = 1. + (prob - prob.detach())  # == 1 forward; carries the indexer's (bounded) gradient
+        k, v = kv.split(self.head_dim, dim=-1)
+        # Every query-key product, one (L * H) x L matrix per image, in the sparse regime too: at these
+        # lengths the L / k times more products cost less than gathering k keys and values per query
+        # (k times the key/value head's size) and B * L tiny matmuls.
+        attn = (q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)) * self.scale
         if L <= self.topk:
-            # dense regime: every key is selected; one (L * H) x L score matrix per image
+            # dense regime: every key is selected
             self.key_select(torch.arange(L, device=x.device).expand(B, L, L))
-            k, v = kv.split(self.head_dim, dim=-1)
-            attn = (q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)) * self.scale
             attn = _softmax_short_rows(attn).view(B, L, self.num_heads, L) * gate.unsqueeze(2)
-            attn = self.attn_drop(attn).view(B, L * self.num_heads, L)
-            out = attn @ v  # B, L * H, D
+            attn = self.attn_drop(attn)
         else:
-            # Every query-key product in one matmul per image, then each query's k selected products
-            # picked out; the probabilities are put back in place (zero elsewhere) for one matmul with
-            # the values. At these lengths the L / k times more products cost less than gathering k
-            # keys and values per query (k times the key/value head's size) and B * L tiny matmuls.
+            # each query's k selected products picked out; their probabilities are put back in place
+            # (zero elsewhere) for one matmul with all the values
             idx = self.key_select(scores.topk(self.topk, dim=-1).indices)  # B, L, k
             head_idx = idx.unsqueeze(2).expand(-1, -1, self.num_heads, -1)  # B, L, H, k
-            k, v = kv.split(self.head_dim, dim=-1)
-            attn = q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)
-            attn = attn.view(B, L, self.num_heads, L).gather(-1, head_idx) * self.scale
+            attn = attn.view(B, L, self.num_heads, L).gather(-1, head_idx)
             attn = _softmax_short_rows(attn) * gate.gather(-1, idx).unsqueeze(2)
             attn = attn.new_zeros(B, L, self.num_heads, L).scatter(-1, head_idx, self.attn_drop(attn))
-            out = attn.view(B, L * self.num_heads, L) @ v  # B, L * H, D
+        out = attn.view(B, L * self.num_heads, L) @ v  # B, L * H, D
         return self.proj_drop(self.proj(out.reshape(B, L, C)))
