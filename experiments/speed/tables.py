@@ -130,12 +130,15 @@ _PROFILE_PARTS = (
      lambda f, op: f == 'sparse_attention:_softmax_short_rows' or (
          f == 'sparse_attention:forward' and op not in _LINEAR + _INDEXER_OPS)),
     ('conv encoder', lambda f, op: f == 'recursive_classifier:_encode'),
-    ('MoE dispatch (sort, gather, gate multiply, scatter-add, split)', lambda f, op: f == 'mixture_of_experts:_dispatch'),
+    ('MoE dispatch (sort, gather, gate multiply, scatter-add, split)',
+     lambda f, op: f == 'mixture_of_experts:_dispatch'),
     ('of which the sort (`argsort`)', lambda f, op: f == 'mixture_of_experts:_dispatch' and op == 'aten::argsort'),
     ('expert GELU', lambda f, op: f == 'mlp:forward' and 'elu' in op.lower()),
-    ('layer norms and residuals', lambda f, op: f in ('recursive_classifier:forward', 'recursive_classifier:_transform')),
-    ('indexer: mean query, scores, sigmoid gate, top-k', lambda f, op: (
-        f == 'sparse_attention:_project' and op not in _LINEAR) or (f == 'sparse_attention:forward' and op in _INDEXER_OPS)),
+    ('layer norms and residuals',
+     lambda f, op: f in ('recursive_classifier:forward', 'recursive_classifier:_transform')),
+    ('indexer: mean query, scores, sigmoid gate, top-k',
+     lambda f, op: (f == 'sparse_attention:_project' and op not in _LINEAR)
+     or (f == 'sparse_attention:forward' and op in _INDEXER_OPS)),
     ('of which the top-k', lambda f, op: f == 'sparse_attention:forward' and op == 'aten::topk'),
     ('router (linear, softmax, top-2, renormalisation)', lambda f, op: f == 'mixture_of_experts:route'),
     ('history concatenation', lambda f, op: f == 'recursive_classifier:_recurse' and op == 'aten::cat'),
