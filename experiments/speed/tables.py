@@ -117,6 +117,65 @@ def compile_table(report: dict) -> str:
           summary['graphs_compiled']]])
 
 
+# issue 25's study of DSA-MoE's training step (results/20261205-0125): its parts, as
+# ``benchmarks/profile_train_step.py`` names them (function, then operator or backward node)
+THROUGHPUT_STUDY = '20261205-0125'
+_LINEAR = ('aten::linear', 'AddmmBackward0', 'MmBackward0', 'TBackward0')
+_DSA = ('sparse_attention:_project', 'sparse_attention:forward')
+_INDEXER_OPS = ('aten::topk', 'aten::sigmoid', 'SigmoidBackward0', 'aten::sub', 'SubBackward0', 'aten::detach')
+_PROFILE_PARTS = (
+    ("expert MLPs' matmuls (forward + backward)", lambda f, op: f == 'mlp:forward' and 'elu' not in op.lower()),
+    ("attention projections (qkv, the indexer's query and key, output)", lambda f, op: f in _DSA and op in _LINEAR),
+    ('attention core (q.k and p.v matmuls, key/value gather, softmax, gate)',
+     lambda f, op: f == 'sparse_attention:_softmax_short_rows' or (
+         f == 'sparse_attention:forward' and op not in _LINEAR + _INDEXER_OPS)),
+    ('conv encoder', lambda f, op: f == 'recursive_classifier:_encode'),
+    ('MoE dispatch (sort, gather, gate multiply, scatter-add, split)',
+     lambda f, op: f == 'mixture_of_experts:_dispatch'),
+    ('of which the sort (`argsort`)', lambda f, op: f == 'mixture_of_experts:_dispatch' and op == 'aten::argsort'),
+    ('expert GELU', lambda f, op: f == 'mlp:forward' and 'elu' in op.lower()),
+    ('layer norms and residuals',
+     lambda f, op: f in ('recursive_classifier:forward', 'recursive_classifier:_transform')),
+    ('indexer: mean query, scores, sigmoid gate, top-k',
+     lambda f, op: (f == 'sparse_attention:_project' and op not in _LINEAR)
+     or (f == 'sparse_attention:forward' and op in _INDEXER_OPS)),
+    ('of which the top-k', lambda f, op: f == 'sparse_attention:forward' and op == 'aten::topk'),
+    ('router (linear, softmax, top-2, renormalisation)', lambda f, op: f == 'mixture_of_experts:route'),
+    ('history concatenation', lambda f, op: f == 'recursive_classifier:_recurse' and op == 'aten::cat'),
+    ('MoE auxiliary loss (counts, balance loss)',
+     lambda f, op: f in ('mixture_of_experts:load_balancing_loss', 'mixture_of_experts:expert_counts')),
+)
+
+
+def _profile_share(profile: dict, part) -> float:
+    """Share of the profiled step in the operators that ``part(function, operator)`` selects."""
+    return sum(r['share'] for r in profile['operators'] if part(*r['name'].split(' ', 1)))
+
+
+def throughput_profile_table(study: pathlib.Path) -> str:
+    """Shares of DSA-MoE's profiled training step by part, before and after issue 25's changes."""
+    before, after = (json.loads((study / f'profile_dsa_moe_{commit}.json').read_text())
+                     for commit in ('f936afe', 'a2ec2cd'))
+    rows = [[name, f'{_profile_share(before, part):.2%}', f'{_profile_share(after, part):.2%}']
+            for name, part in _PROFILE_PARTS]
+    return markdown_table(['part of the DSA-MoE step', 'before (`f936afe`)', 'after (`a2ec2cd`)'], rows)
+
+
+def throughput_ratio_table(study: pathlib.Path) -> str:
+    """DSA-MoE / SA-MLP images/s at batch 128 and 256 at each commit of issue 25."""
+    def cell(commit, batch):
+        path = study / f'train_speed_b{batch}_{commit}.json'
+        if not path.exists():
+            return 'not run'
+        r = json.loads(path.read_text())['results']
+        dsa, mlp = r['recursive_dsa_moe_cifar'], r['recursive_sa_mlp_cifar']
+        return f'{_x(dsa["speedup_vs_recursive_sa_mlp_cifar"])} ({dsa["median_s_per_step"]:.2f} s against ' \
+               f'{mlp["median_s_per_step"]:.2f} s)'
+    rows = [[f'`{commit}` ({what})', cell(commit, 128), cell(commit, 256)]
+            for commit, what in (('f936afe', 'before'), ('f1e1103', 'change 1'), ('a2ec2cd', 'changes 1 and 2'))]
+    return markdown_table(['commit', 'batch 128: DSA-MoE / SA-MLP images/s', 'batch 256'], rows)
+
+
 def provenance_table(found: Dict[str, Tuple[dict, dict, str]]) -> str:
     rows = []
     for name in BENCHMARKS:
@@ -144,6 +203,9 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     pieces['commands'] = '\n'.join(
         f'- {name}: `{found[name][1]["benchmarks"][name]["command"]}`' if found[name][1] else f'- {name}: not recorded'
         for name in BENCHMARKS if name in found)
+    study = results / THROUGHPUT_STUDY
+    pieces['throughput_profile'] = throughput_profile_table(study)
+    pieces['throughput_ratios'] = throughput_ratio_table(study)
     train = found['recursive_train_speed'][0]['results']
     dsa, mlp = train['recursive_dsa_moe_cifar'], train['recursive_sa_mlp_cifar']
     fuse = found['token_fusion_cost'][0]['results']

@@ -7,7 +7,8 @@ allocated), following the source's analysis:
 * active parameters per token: MoE experts counted ``m`` of ``E`` (the rest stored, not used);
 * block multiply-adds per token: the token-wise projections of one transformer block (attention
   projections, DSA indexer projections, MLP, or router plus ``m`` experts), the term that sets the
-  cost as d grows; the sequence-mixing terms (q.k and p.v, indexer scores) are reported per step;
+  cost as d grows; the sequence-mixing terms (q.k and p.v, indexer scores) are reported per step
+  (DSA's as executed: every q.k and p.v product, as dense attention, the top-k selection saving none);
 * per-step sequence length ``L_t = t + 2``, attention sparsity ``1 - min(k, L_t) / L_t`` and the
   crossover step, the first step where DSA attends to fewer keys than exist.
 
@@ -53,12 +54,14 @@ def block_macs_per_token(block: RecursiveBlock) -> int:
 def mixing_macs_per_token(block: RecursiveBlock, seq_len: int) -> int:
     """Multiply-adds of one block's sequence mixing for one query token at sequence length L."""
     attn = block.attn
+    assert isinstance(attn, (Attention, DynamicSparseAttention))
+    # q.k with every key and p.v with every value: DSA too computes every q.k product and keeps each
+    # query's top k, then multiplies the values with the probabilities put back in place (zero at
+    # unselected keys), which at these lengths costs less than gathering k keys per query
+    macs = 2 * attn.num_heads * attn.head_dim * seq_len
     if isinstance(attn, DynamicSparseAttention):
-        keys = min(attn.topk, seq_len)
-        index_dim = attn.index_q.weight.shape[0]
-        return 2 * attn.num_heads * attn.head_dim * keys + index_dim * seq_len
-    assert isinstance(attn, Attention)
-    return 2 * attn.num_heads * attn.head_dim * seq_len
+        macs += attn.index_q.weight.shape[0] * seq_len  # the indexer's scores
+    return macs
 
 
 def active_params(model: RecursiveClassifier) -> int:

@@ -54,6 +54,14 @@ def attention_map(probs: torch.Tensor, key_indices: torch.Tensor) -> torch.Tenso
     return probs.new_zeros(B, L, H, L).scatter_(-1, key_indices.unsqueeze(2).expand(-1, -1, H, -1), probs)
 
 
+def _softmax_short_rows(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension, written out: on CPU torch's softmax kernel vectorises along a
+    row, and rows of at most k (or L <= k) scores leave it mostly idle (about twice the time, forward
+    and backward). The subtracted maximum, which softmax is invariant to, carries no gradient."""
+    x = (x - x.detach().amax(dim=-1, keepdim=True)).exp()
+    return x / x.sum(dim=-1, keepdim=True)
+
+
 @register_notrace_module  # sequence-length dependent control flow: keep it a leaf in FX graphs
 class DynamicSparseAttention(nn.Module):
     """Multi-query self-attention in which each query attends to the top-k keys chosen by an indexer.
@@ -124,20 +132,23 @@ class DynamicSparseAttention(nn.Module):
         q, kv, scores = self._project(x)
         prob = torch.sigmoid(scores)
         gate = 1. + (prob - prob.detach())  # == 1 forward; carries the indexer's (bounded) gradient
+        k, v = kv.split(self.head_dim, dim=-1)
+        # Every query-key product, one (L * H) x L matrix per image, in the sparse regime too: at these
+        # lengths the L / k times more products cost less than gathering k keys and values per query
+        # (k times the key/value head's size) and B * L tiny matmuls.
+        attn = (q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)) * self.scale
         if L <= self.topk:
-            # dense regime: every key is selected; one (L * H) x L score matrix per image
+            # dense regime: every key is selected
             self.key_select(torch.arange(L, device=x.device).expand(B, L, L))
-            k, v = kv.split(self.head_dim, dim=-1)
-            attn = (q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)) * self.scale
-            attn = attn.softmax(dim=-1).view(B, L, self.num_heads, L) * gate.unsqueeze(2)
-            attn = self.attn_drop(attn).view(B, L * self.num_heads, L)
-            out = attn @ v  # B, L * H, D
+            attn = _softmax_short_rows(attn).view(B, L, self.num_heads, L) * gate.unsqueeze(2)
+            attn = self.attn_drop(attn)
         else:
+            # each query's k selected products picked out; their probabilities are put back in place
+            # (zero elsewhere) for one matmul with all the values
             idx = self.key_select(scores.topk(self.topk, dim=-1).indices)  # B, L, k
-            flat_idx = idx.reshape(B, L * self.topk, 1).expand(-1, -1, 2 * self.head_dim)
-            kv_sel = kv.gather(1, flat_idx).view(B, L, self.topk, 2 * self.head_dim)  # keys and values at once
-            k_sel, v_sel = kv_sel.split(self.head_dim, dim=-1)
-            attn = (q @ k_sel.transpose(-2, -1)) * self.scale  # B, L, H, k
-            attn = attn.softmax(dim=-1) * gate.gather(-1, idx).unsqueeze(2)
-            out = self.attn_drop(attn) @ v_sel  # B, L, H, D
+            head_idx = idx.unsqueeze(2).expand(-1, -1, self.num_heads, -1)  # B, L, H, k
+            attn = attn.view(B, L, self.num_heads, L).gather(-1, head_idx)
+            attn = _softmax_short_rows(attn) * gate.gather(-1, idx).unsqueeze(2)
+            attn = attn.new_zeros(B, L, self.num_heads, L).scatter(-1, head_idx, self.attn_drop(attn))
+        out = attn.view(B, L * self.num_heads, L) @ v  # B, L * H, D
         return self.proj_drop(self.proj(out.reshape(B, L, C)))
