@@ -17,7 +17,7 @@ declare -A commands=(
     [efficiency]="-m timm_recursive.efficiency recursive_sa_mlp_cifar recursive_sa_moe_cifar recursive_dsa_moe_cifar recursive_dsa_moe_cifar:topk=2 --json"
     [entmax_speed]="benchmarks/entmax_speed.py --json"
     [recursive_train_speed]="benchmarks/recursive_train_speed.py --json --batch-size 64 --repeats 3 --warmup 1 --models recursive_sa_mlp_cifar recursive_sa_moe_cifar recursive_dsa_moe_cifar recursive_sa_mlp_cifar:grad_window=0 recursive_dsa_moe_cifar:grad_window=0"
-    [token_fusion_cost]="benchmarks/token_fusion_cost.py --json --repeats 10"
+    [token_fusion_cost]="benchmarks/token_fusion_cost.py --json --repeats 5 --batch-sizes 1 32 128 --keep-rates 0.5 0.6 0.673 0.7 0.8"
     [compile_speed]="benchmarks/compile_speed.py --json"
 )
 selected=("$@")
