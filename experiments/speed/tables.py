@@ -210,6 +210,9 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     dsa, mlp = train['recursive_dsa_moe_cifar'], train['recursive_sa_mlp_cifar']
     fuse = found['token_fusion_cost'][0]['results']
     keep_07 = fuse['deit_s_tokenfuse keep=0.7']
+    pieces['token_fusion_batch_32'] = ', '.join(
+        f'keep {name.split("=")[1]} {r["batch_32"]["speedup"]:.2f}x' for name, r in fuse.items()
+        if name in ('deit_s_tokenfuse keep=0.673', 'deit_s_tokenfuse keep=0.7') and 'batch_32' in r)
     pieces['headline'] = (
         f'DSA-MoE trains at {dsa["images_per_s"] / mlp["images_per_s"]:.2f}x the images/s of SA-MLP '
         f'(CPU, interleaved); deit_s_tokenfuse at keep 0.7: {keep_07["gmacs"]["gmacs"]:.3f} GMACs, '
