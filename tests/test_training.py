@@ -62,6 +62,14 @@ def test_evaluate_steps_counts_per_step_hits():
     assert result['top1'] == [50., 100.] and result['top5'] == [100., 100.] and result['images'] == 8
 
 
+def test_evaluating_a_wrapped_model_leaves_it_in_its_own_mode():
+    loader = [{'pixel_values': torch.randn(2, 3, 32, 32), 'label': torch.tensor([0, 1])}]
+    for training in (False, True):
+        model = timm.create_model('resnet10t', num_classes=3).train(training)
+        evaluate_steps(StepOutputs(model), loader)
+        assert model.training is training
+
+
 def test_step_outputs_wraps_plain_timm_models():
     model = timm.create_model('resnet10t', num_classes=3)
     logits, aux = StepOutputs(model)(torch.randn(2, 3, 32, 32))

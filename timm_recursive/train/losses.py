@@ -26,6 +26,9 @@ class StepOutputs(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        # the wrapped model's mode, not nn.Module's default: evaluate_steps puts back the mode it finds, and a
+        # wrapper born in training mode would leave an eval model (an EMA copy, a loaded checkpoint) training
+        self.train(model.training)
 
     @property
     def num_steps(self) -> int:
