@@ -93,8 +93,14 @@ def fused_model(run_dir: str, **fusion):
 
 
 def top1(model, batches) -> float:
-    # the wrapper in the model's own mode: evaluate_steps puts back the mode it finds it in
-    return evaluate_steps(StepOutputs(model).train(model.training), batches)['top1'][-1]
+    return evaluate_steps(StepOutputs(model), batches)['top1'][-1]
+
+
+def finetuned_model(run_dir: str, fusion_kwargs: List[str]):
+    """The weights a fine-tune wrote to ``run_dir`` with the fusion settings it trained with, and its keep rate."""
+    fusion = dict(kv.split('=') for kv in fusion_kwargs)
+    keep_rate = float(fusion.pop('keep_rate'))
+    return fused_model(run_dir, keep_rate=keep_rate, **fusion), keep_rate
 
 
 def cell_name(mode: str, keep_rate: float, **extra) -> str:
@@ -244,9 +250,7 @@ def main(argv=None) -> int:
         run_dir = os.path.join(out, 'one_budget', mode)
         train(finetune_args(dense_dir, fusion_kwargs, alpha, beta, LONG_FINETUNE['samples'], LONG_FINETUNE['epochs'],
                             ratio_weight), run_dir)
-        fusion = dict(kv.split('=') for kv in fusion_kwargs)
-        keep_rate = float(fusion.pop('keep_rate'))
-        model = fused_model(run_dir, keep_rate=keep_rate, **fusion)
+        model, keep_rate = finetuned_model(run_dir, fusion_kwargs)
         one_budget['cells'][mode] = {
             'top1': top1(model, batches), 'keep_rate': keep_rate, 'alpha': alpha, 'beta': beta,
             'ratio_weight': ratio_weight, 'mmacs': count_gmacs(model, image)['gmacs'] * 1e3,
@@ -268,8 +272,7 @@ def main(argv=None) -> int:
             continue
         run_dir = os.path.join(out, 'finetune', name.replace(' ', '_').replace('=', ''))
         train(finetune_args(dense_dir, fusion_kwargs, alpha, beta, args.finetune_samples), run_dir)
-        fusion = dict(kv.split('=') for kv in fusion_kwargs)
-        model = fused_model(run_dir, keep_rate=float(fusion.pop('keep_rate')), **fusion)
+        model, _ = finetuned_model(run_dir, fusion_kwargs)
         finetuned[name] = {'top1': top1(model, batches), 'alpha': alpha, 'beta': beta,
                            'train_images': args.finetune_samples, 'epochs': 1}
         print('fine-tuned', name, finetuned[name], flush=True)
