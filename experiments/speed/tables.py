@@ -9,7 +9,7 @@ from typing import Dict, Tuple
 
 from timm_recursive.analysis.generated_markdown import markdown_table
 
-BENCHMARKS = ('efficiency', 'entmax_speed', 'recursive_train_speed', 'token_fusion_cost', 'compile_speed')
+BENCHMARKS = ('efficiency', 'entmax_speed', 'entmax_speed_1thread', 'recursive_train_speed', 'token_fusion_cost', 'compile_speed')
 
 
 def _runs(results: pathlib.Path):
@@ -51,7 +51,32 @@ def entmax_table(report: dict) -> str:
     for group, cases in report['results'].items():
         for case, r in cases.items():
             rows.append([group, case, f'{r["seconds"] * 1e3:.1f}', _x(r['vs_softmax'])])
+        if group in report.get('lower_bound', {}):  # runs before the bound was measured lack it
+            bound = report['lower_bound'][group]
+            passes = bound['passes_over_the_scores']
+            what = f'lower bound: softmax SDPA + {passes} pass{"es" if passes > 1 else ""} over the scores'
+            rows.append([group, what, f'{bound["seconds"] * 1e3:.1f}', _x(bound['vs_softmax'])])
     return markdown_table(['forward + backward', 'attention', 'median ms', 'time vs softmax SDPA'], rows)
+
+
+def entmax_profile_table(report: dict) -> str:
+    rows = []
+    for group, split in report['profile_ms'].items():
+        for case, parts in split.items():
+            rows += [[group, case, part, f'{ms:.2f}'] for part, ms in parts.items()]
+    return markdown_table(['operator', 'attention', 'part (torch.profiler, self CPU time)',
+                           'ms per forward + backward'], rows)
+
+
+def _entmax_vit_s(report: dict) -> Tuple[float, float]:
+    """entmax / softmax time of the operator and of the whole ViT-S (group names before the ViT-Ti cases
+    were added included)."""
+    r = report['results']
+    if 'whole model (ViT-S)' in r:
+        return (r['attention operator (ViT-S)']['entmax-1.5 (timm_recursive)']['vs_softmax'],
+                r['whole model (ViT-S)']['entmax-1.5 (timm_recursive)']['vs_softmax'])
+    return (r['attention operator']['entmax-1.5 (timm_recursive)']['vs_softmax'],
+            r['whole model']['ViT-S entmax-1.5 (timm_recursive)']['vs_softmax'])
 
 
 def train_table(report: dict) -> str:
@@ -81,9 +106,7 @@ def across_runs_table(results: pathlib.Path) -> str:
         else:
             row += ['—'] * 4
         if entmax.exists():
-            e = json.loads(entmax.read_text())['results']
-            row += [_x(e['attention operator']['entmax-1.5 (timm_recursive)']['vs_softmax']),
-                    _x(e['whole model']['ViT-S entmax-1.5 (timm_recursive)']['vs_softmax'])]
+            row += [_x(ratio) for ratio in _entmax_vit_s(json.loads(entmax.read_text()))]
         else:
             row += ['—', '—']
         rows.append(row)
@@ -195,11 +218,14 @@ def provenance_table(found: Dict[str, Tuple[dict, dict, str]]) -> str:
 def tables(results: pathlib.Path) -> Dict[str, str]:
     found = _latest(results)
     pieces = {'provenance': provenance_table(found), 'across_runs': across_runs_table(results)}
-    makers = {'efficiency': efficiency_table, 'entmax_speed': entmax_table, 'recursive_train_speed': train_table,
+    makers = {'efficiency': efficiency_table, 'entmax_speed': entmax_table, 'entmax_speed_1thread': entmax_table,
+              'recursive_train_speed': train_table,
               'token_fusion_cost': token_fusion_table, 'compile_speed': compile_table}
     for name, make in makers.items():
         if name in found:
             pieces[name] = make(found[name][0])
+    if 'entmax_speed' in found and 'profile_ms' in found['entmax_speed'][0]:
+        pieces['entmax_profile'] = entmax_profile_table(found['entmax_speed'][0])
     pieces['commands'] = '\n'.join(
         f'- {name}: `{found[name][1]["benchmarks"][name]["command"]}`' if found[name][1] else f'- {name}: not recorded'
         for name in BENCHMARKS if name in found)

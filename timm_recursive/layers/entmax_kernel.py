@@ -49,7 +49,7 @@ def _build() -> ModuleType:
         cpp_logger.setLevel(level)
     _LOGGER.info('building the entmax-1.5 CPU kernel (once; cached under %s)', cpp_extension.get_default_build_root())
     return cpp_extension.load(
-        name='timm_recursive_entmax15_cpu', sources=[_SOURCE], extra_cflags=['-O3', '-march=native', '-fopenmp'], extra_ldflags=['-fopenmp'],
+        name='timm_recursive_entmax15_cpu', sources=[_SOURCE], extra_cflags=['-O3', '-march=native', '-fopenmp', '-fno-math-errno'], extra_ldflags=['-fopenmp'],
         verbose=False)
 
 
