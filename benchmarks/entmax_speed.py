@@ -2,17 +2,17 @@
 """Cost of entmax-1.5 attention against softmax SDPA, interleaved in one run (a benchmark, not a test).
 
     python benchmarks/entmax_speed.py [--json] [--repeats 5] [--batch-size 8] [--device cpu] [--precision fp32] \
-        [--img-size 224] [--models vit_small vit_tiny] [--threads N]
+        [--img-size 224] [--models vit_small_entmax vit_tiny_entmax] [--threads N]
 
-For every ViT of ``--models`` (``vit_small``: ViT-S/16, ``vit_tiny``: ViT-Ti/16), forward + backward, median of
-``--repeats`` interleaved repeats:
+For every entmax ViT of ``--models`` (ViT-S/16, ViT-Ti/16), forward + backward, median of ``--repeats``
+interleaved repeats:
 
 * the attention operator alone at the model's shapes (B, heads, tokens, 64 dims; 197 tokens at 224 px):
   ``scaled_dot_product_attention`` vs scores -> timm_recursive's ``entmax15`` -> values vs the same
   with the ``entmax`` package's sort-based ``entmax15``, and one elementwise pass over the (B, heads, N, N)
   scores (a read and a write);
-* the whole model at 224 px (``--img-size``): ``<model>_patch16_224`` (softmax SDPA) vs ``<model>_entmax``
-  with our entmax vs with the package's.
+* the whole model at 224 px (``--img-size``): the softmax ViT (``vit_small_patch16_224``, SDPA) vs the entmax
+  ViT with our entmax vs with the package's.
 
 ``lower_bound`` is what no materialising entmax can beat: softmax SDPA's time plus one pass over the scores
 (once per attention layer in the whole model). On CPU, ``profile`` splits one forward + backward of each
@@ -37,7 +37,8 @@ from timm_recursive.layers import entmax15
 from timm_recursive.layers import entmax_attention, entmax_kernel
 from timm_recursive.analysis.timing import PRECISIONS, autocast, median_seconds
 
-MODELS = {'vit_small': 'ViT-S', 'vit_tiny': 'ViT-Ti'}
+# the entmax ViTs benchmarked, their short names and the softmax ViTs they are measured against
+MODELS = {'vit_small_entmax': ('ViT-S', 'vit_small_patch16_224'), 'vit_tiny_entmax': ('ViT-Ti', 'vit_tiny_patch16_224')}
 SOFTMAX, OURS, PACKAGE, ONE_PASS = ('softmax SDPA', 'entmax-1.5 (timm_recursive)', 'entmax-1.5 (entmax package)',
                                     'one pass over the scores')
 
@@ -77,8 +78,8 @@ def attention_cases(batch: int, heads: int, tokens: int, head_dim: int, normalis
 
 def model_pair(name: str, img_size: int, device):
     torch.manual_seed(0)
-    softmax_vit = timm.create_model(f'{name}_patch16_224', img_size=img_size).to(device)
-    entmax_vit = timm.create_model(f'{name}_entmax', img_size=img_size).to(device)
+    softmax_vit = timm.create_model(MODELS[name][1], img_size=img_size).to(device)
+    entmax_vit = timm.create_model(name, img_size=img_size).to(device)
     entmax_vit.load_state_dict(softmax_vit.state_dict())
     return softmax_vit, entmax_vit
 
@@ -171,7 +172,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     results, lower_bound, profile = {}, {}, {}
     for name in args.models:
-        short = MODELS[name]
+        short = MODELS[name][0]
         softmax_vit, entmax_vit = model_pair(name, args.img_size, device)
         attn, depth = softmax_vit.blocks[0].attn, len(softmax_vit.blocks)
         tokens = softmax_vit.patch_embed.num_patches + softmax_vit.num_prefix_tokens

@@ -59,7 +59,8 @@ def test_quick_run_on_cpu_runs_every_part_into_one_json(quick_run):
         assert measured['result']['command'].startswith(f'python benchmarks/{name}.py')
     entmax = parts['benchmark entmax_speed fp32']['result']['report']
     ratios = [case['vs_softmax'] for group in entmax['results'].values() for case in group.values()]
-    assert len(ratios) == 6 and all(r > 0 for r in ratios) and entmax['max_error_vs_exact'] < 1e-5
+    assert len(ratios) == 14 and all(r > 0 for r in ratios) and entmax['max_error_vs_exact'] < 1e-5
+    assert all(bound['vs_softmax'] >= 1 for bound in entmax['lower_bound'].values()) and len(entmax['profile_ms']) == 2
     train = parts['benchmark recursive_train_speed fp32']['result']['report']['results']
     assert len(train) == 2 and all(next(v for k, v in r.items() if k.startswith('speedup_vs_')) > 0
                                    for r in train.values())

@@ -5,7 +5,7 @@ Each table reads the newest run that holds its benchmark (runs ordered by their 
 """
 import json
 import pathlib
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 from timm_recursive.analysis.generated_markdown import markdown_table
 
@@ -68,15 +68,39 @@ def entmax_profile_table(report: dict) -> str:
                            'ms per forward + backward'], rows)
 
 
-def _entmax_vit_s(report: dict) -> Tuple[float, float]:
-    """entmax / softmax time of the operator and of the whole ViT-S (group names before the ViT-Ti cases
-    were added included)."""
+KERNEL_CHANGE_RUN = '20261205-0312'  # holds the same benchmark on the kernel before the change, beside its own
+
+
+def entmax_kernel_change_table(run: pathlib.Path) -> str:
+    """The entmax benchmark on the CPU kernel before (commit 716c9a6) and after its change, ratios to softmax SDPA and
+    the profile's entmax parts."""
+    before = json.loads((run / 'entmax_speed_kernel_716c9a6.json').read_text())
+    after = json.loads((run / 'entmax_speed.json').read_text())
+    ours = 'entmax-1.5 (timm_recursive)'
+    rows = []
+    for group in after['results']:
+        row = [group] + [_x(r['results'][group][ours]['vs_softmax']) for r in (before, after)]
+        if group in after['profile_ms']:
+            row += [f'{r["profile_ms"][group][ours][part]:.2f}' for part in (
+                'entmax-1.5 forward (threshold solve)', 'entmax-1.5 backward') for r in (before, after)]
+        else:
+            row += ['—'] * 4
+        rows.append(row)
+    return markdown_table(['forward + backward', 'entmax / softmax SDPA, kernel before', 'after',
+                           'profile: entmax forward ms, before', 'after', 'entmax backward ms, before', 'after'], rows)
+
+
+def _entmax_ratios(report: dict) -> List[str]:
+    """entmax / softmax time of the ViT-S operator, the whole ViT-S and the whole ViT-Ti (runs from before the
+    ViT-Ti cases name their groups without the model and lack it)."""
     r = report['results']
     if 'whole model (ViT-S)' in r:
-        return (r['attention operator (ViT-S)']['entmax-1.5 (timm_recursive)']['vs_softmax'],
-                r['whole model (ViT-S)']['entmax-1.5 (timm_recursive)']['vs_softmax'])
-    return (r['attention operator']['entmax-1.5 (timm_recursive)']['vs_softmax'],
-            r['whole model']['ViT-S entmax-1.5 (timm_recursive)']['vs_softmax'])
+        return [_x(r['attention operator (ViT-S)']['entmax-1.5 (timm_recursive)']['vs_softmax']),
+                _x(r['whole model (ViT-S)']['entmax-1.5 (timm_recursive)']['vs_softmax']),
+                _x(r['whole model (ViT-Ti)']['entmax-1.5 (timm_recursive)']['vs_softmax'])
+                if 'whole model (ViT-Ti)' in r else '—']
+    return [_x(r['attention operator']['entmax-1.5 (timm_recursive)']['vs_softmax']),
+            _x(r['whole model']['ViT-S entmax-1.5 (timm_recursive)']['vs_softmax']), '—']
 
 
 def train_table(report: dict) -> str:
@@ -106,13 +130,14 @@ def across_runs_table(results: pathlib.Path) -> str:
         else:
             row += ['—'] * 4
         if entmax.exists():
-            row += [_x(ratio) for ratio in _entmax_vit_s(json.loads(entmax.read_text()))]
+            row += _entmax_ratios(json.loads(entmax.read_text()))
         else:
-            row += ['—', '—']
+            row += ['—'] * 3
         rows.append(row)
     return markdown_table(['run', 'started', 'SA-MoE / SA-MLP images/s', 'DSA-MoE / SA-MLP images/s',
                            'SA-MLP detached / default images/s', 'DSA-MoE detached / default images/s',
-                           'entmax / softmax time, attention operator', 'entmax / softmax time, ViT-S'], rows)
+                           'entmax / softmax time, ViT-S attention operator', 'entmax / softmax time, ViT-S',
+                           'entmax / softmax time, ViT-Ti'], rows)
 
 
 def token_fusion_table(report: dict) -> str:
@@ -224,6 +249,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     for name, make in makers.items():
         if name in found:
             pieces[name] = make(found[name][0])
+    pieces['entmax_kernel_change'] = entmax_kernel_change_table(results / KERNEL_CHANGE_RUN)
     if 'entmax_speed' in found and 'profile_ms' in found['entmax_speed'][0]:
         pieces['entmax_profile'] = entmax_profile_table(found['entmax_speed'][0])
     pieces['commands'] = '\n'.join(
@@ -242,5 +268,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     pieces['headline'] = (
         f'DSA-MoE trains at {dsa["images_per_s"] / mlp["images_per_s"]:.2f}x the images/s of SA-MLP '
         f'(CPU, interleaved); deit_s_tokenfuse at keep 0.7: {keep_07["gmacs"]["gmacs"]:.3f} GMACs, '
-        f'{keep_07["batch_32"]["speedup"]:.2f}x the images/s of DeiT-S')
+        f'{keep_07["batch_32"]["speedup"]:.2f}x the images/s of DeiT-S; entmax-1.5 ViT-S / ViT-Ti forward + backward '
+        f'{_entmax_ratios(found["entmax_speed"][0])[1]} / {_entmax_ratios(found["entmax_speed"][0])[2]} '
+        f'softmax SDPA\'s time')
     return pieces
