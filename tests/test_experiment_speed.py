@@ -1,5 +1,6 @@
 """experiments/speed: run.sh never overwrites a run, tables.py reads the newest run of each benchmark, and the
-benchmarks' shared training step works (no timing is asserted: the machine is shared)."""
+benchmarks' shared training step and command line work (no timing is asserted: the machine is shared)."""
+import argparse
 import json
 import pathlib
 import shutil
@@ -9,7 +10,7 @@ import timm
 import torch
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import recursive_train_step
+from timm_recursive.analysis.timing import benchmark_main, recursive_train_step
 from timm_recursive.analysis.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'speed'
@@ -52,3 +53,18 @@ def test_recursive_train_step_updates_the_model():
     before = [p.detach().clone() for p in model.parameters()]
     recursive_train_step(model, optimizer, images, torch.tensor([0, 1]), aux_weight=0.01)
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_benchmark_main_prints_the_report_as_json_with_json_and_as_a_table_otherwise(capsys):
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--json', action='store_true')
+    report = {'config': {'threads': 2}, 'results': {'case': 0.5}}
+    tables = []
+
+    def print_table(args, printed):
+        tables.append((args.json, printed))
+
+    benchmark_main(parser.parse_args, lambda args: report, print_table, ['--json'])
+    assert json.loads(capsys.readouterr().out) == report and tables == []
+    benchmark_main(parser.parse_args, lambda args: report, print_table, [])
+    assert capsys.readouterr().out == '' and tables == [(False, report)]
