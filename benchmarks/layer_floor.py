@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Each layer of one recursive transformer block against its ``nn.Linear`` layers alone (the floor it cannot beat).
+"""Each layer of one recursive transformer block against its ``nn.Linear`` layers alone: how far above that floor.
 
     python benchmarks/layer_floor.py [--json] [--batch-size 128] [--repeats 3] [--threads N]
 
