@@ -88,7 +88,8 @@ def recursive_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, ima
 
 def benchmark_main(parse_args: Callable[[Optional[Sequence[str]]], argparse.Namespace],
                    measure: Callable[[argparse.Namespace], dict],
-                   print_table: Callable[[argparse.Namespace, dict], None], argv: Optional[Sequence[str]] = None) -> None:
+                   print_table: Callable[[argparse.Namespace, dict], None],
+                   argv: Optional[Sequence[str]] = None) -> None:
     """A benchmark's ``main``: parse ``argv``, measure, and print the report as one JSON object with ``--json``,
     else as ``print_table(args, report)``."""
     args = parse_args(argv)
