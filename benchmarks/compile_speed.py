@@ -15,14 +15,13 @@ one run: absolute times on a shared CPU are noisy.
 """
 import argparse
 import copy
-import json
 import statistics
 
 import torch
 import timm
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import PRECISIONS, recursive_train_step, time_interleaved
+from timm_recursive.analysis.timing import PRECISIONS, benchmark_main, recursive_train_step, time_interleaved
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -83,11 +82,10 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    report = measure(args)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
+    benchmark_main(parse_args, measure, print_table, argv)
+
+
+def print_table(args: argparse.Namespace, report: dict) -> None:
     results, summary = report['results'], report['summary']
     print(f'{args.model} ({args.num_steps} steps) training step, batch {args.batch_size}, {args.repeats} repeats '
           f'(median), {args.device}, {args.precision}, {torch.get_num_threads()} threads, torch {torch.__version__}')

@@ -26,7 +26,6 @@ which). It also reports the largest difference between our solution and the pack
 benchmark's scores.
 """
 import argparse
-import json
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +34,7 @@ import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.layers import entmax15
 from timm_recursive.layers import entmax_attention, entmax_kernel
-from timm_recursive.analysis.timing import PRECISIONS, autocast, median_seconds
+from timm_recursive.analysis.timing import PRECISIONS, autocast, benchmark_main, median_seconds
 
 # the entmax ViTs benchmarked, their short names and the softmax ViTs they are measured against
 MODELS = {'vit_small_entmax': ('ViT-S', 'vit_small_patch16_224'), 'vit_tiny_entmax': ('ViT-Ti', 'vit_tiny_patch16_224')}
@@ -199,11 +198,10 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    report = measure(args)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
+    benchmark_main(parse_args, measure, print_table, argv)
+
+
+def print_table(args: argparse.Namespace, report: dict) -> None:
     print(f'batch {args.batch_size}, {args.device}, {args.precision}, {report["threads"]} threads, median of '
           f'{args.repeats} interleaved repeats, forward + backward; ours: {report["solver"]}; '
           f'max |ours - exact| = {report["max_error_vs_exact"]}')

@@ -14,7 +14,6 @@ moves absolute times: read the shares, not the seconds.
 """
 import argparse
 import collections
-import json
 import re
 
 import torch
@@ -22,7 +21,7 @@ import timm
 from torch.profiler import ProfilerActivity, profile
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import recursive_train_step
+from timm_recursive.analysis.timing import benchmark_main, recursive_train_step
 
 _OPERATOR = re.compile(r'^(aten::|autograd::engine::evaluate_function: )')
 _SOURCE = re.compile(r'(?:^|/)(?:timm_recursive|timm)/(?:.*/)?(\w+)\.py\(\d+\): (\w+)$')
@@ -97,11 +96,10 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    report = measure(args)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
+    benchmark_main(parse_args, measure, print_table, argv)
+
+
+def print_table(args: argparse.Namespace, report: dict) -> None:
     config = report['config']
     print(f'{config["model"]}, batch {config["batch_size"]}, {config["threads"]} threads: '
           f'{report["total_s"]:.2f} s of operators (profiled)')

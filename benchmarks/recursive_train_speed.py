@@ -17,14 +17,13 @@ median over repeats of images/s and its ratio to the first model. Timings are no
 CPU: compare ratios within one run, not absolute numbers across runs.
 """
 import argparse
-import json
 import statistics
 
 import torch
 import timm
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import PRECISIONS, recursive_train_step, time_interleaved
+from timm_recursive.analysis.timing import PRECISIONS, benchmark_main, recursive_train_step, time_interleaved
 from timm_recursive.efficiency import parse_model_spec
 
 DEFAULT_MODELS = ['recursive_sa_mlp_cifar', 'recursive_sa_moe_cifar', 'recursive_dsa_moe_cifar']
@@ -84,11 +83,10 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    report = measure(args)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
+    benchmark_main(parse_args, measure, print_table, argv)
+
+
+def print_table(args: argparse.Namespace, report: dict) -> None:
     results, baseline = report['results'], args.models[0]
     print(f'training steps, batch {args.batch_size}, {args.steps} steps x {args.repeats} repeats (median), '
           f'{args.device}, {args.precision}, {torch.get_num_threads()} threads, torch {torch.__version__}')

@@ -17,13 +17,12 @@ Anchors from the issue: BAT 3.005 GMACs at keep 0.7 (DeiT-S 4.6); EViT 3.0 GMACs
 GPU; ToMe (r=13) 1.67x. Timings are noisy on a shared CPU: compare the ratios within one run.
 """
 import argparse
-import json
 
 import torch
 
 import timm
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import PRECISIONS, inference_speed
+from timm_recursive.analysis.timing import PRECISIONS, benchmark_main, inference_speed
 from timm_recursive.analysis.token_fusion_cost import count_gmacs
 
 BASELINE = 'deit_small_patch16_224'
@@ -64,11 +63,10 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    report = measure(args)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
+    benchmark_main(parse_args, measure, print_table, argv)
+
+
+def print_table(args: argparse.Namespace, report: dict) -> None:
     print(f'{args.device}, {args.precision}, {report["threads"]} threads, torch {torch.__version__}, median of '
           f'{args.repeats} interleaved repeats; GMACs at batch 1 (fused attention off, clustering added analytically)')
     header = f'{"model":<30}{"GMACs":>8}' + ''.join(f'{f"img/s b{b}":>12}{"x":>7}' for b in args.batch_sizes)

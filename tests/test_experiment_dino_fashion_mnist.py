@@ -78,3 +78,23 @@ def test_collect_then_tables(tmp_path):
 def test_collect_refuses_an_empty_root(tmp_path):
     result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path)], capture_output=True, text=True)
     assert result.returncode == 2 and 'no finished variant' in result.stderr
+
+
+def test_collect_refuses_a_variant_folder_without_its_metrics_or_summary(tmp_path):
+    _variant_run(tmp_path / 'entmax', 'vit_small_entmax', 59.0)
+    _variant_run(tmp_path / 'reg4', 'vit_small_patch16_224', 44.0, reg_tokens=4)
+    for variant, missing in (('reg4', 'metrics.jsonl'), ('entmax', 'summary.json')):
+        (tmp_path / variant / missing).unlink()
+        result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path)], capture_output=True,
+                                text=True)
+        assert result.returncode == 2 and result.stdout == ''
+        assert result.stderr.startswith(f'error: no {missing} in {tmp_path / variant} (') and \
+            result.stderr.count('\n') == 1, result.stderr
+    assert not (tmp_path / 'results.json').exists()
+
+
+def test_collect_refuses_a_root_that_is_not_a_folder(tmp_path):
+    root = tmp_path / 'nope'
+    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(root)], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr == f"error: {root} is not a folder (the runs' root, run.sh's output)\n"

@@ -1,18 +1,22 @@
 """experiments/speed: run.sh never overwrites a run, tables.py reads the newest run of each benchmark, and the
-benchmarks' shared training step works (no timing is asserted: the machine is shared)."""
+benchmarks' shared training step and command line work, and benchmarks/layer_floor.py reports every layer beside
+its linears (no timing is asserted: the machine is shared)."""
+import argparse
 import json
 import pathlib
 import shutil
 import subprocess
 
+import pytest
 import timm
 import torch
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import recursive_train_step
+from timm_recursive.analysis.timing import benchmark_main, recursive_train_step
 from timm_recursive.analysis.generated_markdown import import_file
 
-STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'speed'
+REPO = pathlib.Path(__file__).resolve().parent.parent
+STUDY = REPO / 'experiments' / 'speed'
 
 
 def test_run_script_refuses_an_existing_folder_and_unknown_benchmarks(tmp_path):
@@ -52,3 +56,43 @@ def test_recursive_train_step_updates_the_model():
     before = [p.detach().clone() for p in model.parameters()]
     recursive_train_step(model, optimizer, images, torch.tensor([0, 1]), aux_weight=0.01)
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_benchmark_main_prints_the_report_as_json_with_json_and_as_a_table_otherwise(capsys):
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--json', action='store_true')
+    report = {'config': {'threads': 2}, 'results': {'case': 0.5}}
+    tables = []
+
+    def print_table(args, printed):
+        tables.append((args.json, printed))
+
+    benchmark_main(parser.parse_args, lambda args: report, print_table, ['--json'])
+    assert json.loads(capsys.readouterr().out) == report and tables == []
+    benchmark_main(parser.parse_args, lambda args: report, print_table, [])
+    assert capsys.readouterr().out == '' and tables == [(False, report)]
+
+
+def test_layer_floor_times_every_layer_and_its_linears_per_layer_and_per_step(capsys):
+    layer_floor = import_file(REPO / 'benchmarks' / 'layer_floor.py')
+    args = layer_floor.parse_args(['--batch-size', '1', '--repeats', '1'])
+    report = layer_floor.measure(args)
+    assert report['config']['batch_size'] == 1 and report['config']['width'] == 512
+    assert report['config']['sequence_lengths'] == list(range(3, 19)) and report['config']['torch'] == torch.__version__
+    assert list(report['results']) == [
+        'dsa layer', 'dsa linears (qkv, proj)', 'sdpa layer (timm Attention)', 'attention linears (qkv, proj)',
+        'moe layer', 'moe experts linears (4 x 2 of N/2 rows)', 'mlp layer', 'mlp linears']
+    for case in report['results'].values():
+        assert case['blocks'] == 4 and case['seconds_per_layer'] > 0
+        assert case['seconds_per_step'] == pytest.approx(4 * case['seconds_per_layer'])
+    layer_floor.print_table(args, report)
+    table = capsys.readouterr().out.splitlines()
+    assert 'batch 1, lengths 3..18, width 512' in table[0] and len(table) == 1 + len(report['results'])
+    assert table[1].startswith('dsa layer ') and table[1].endswith(' s per step)')
+
+
+def test_layer_floor_refuses_a_repeat_count_below_one(capsys):
+    layer_floor = import_file(REPO / 'benchmarks' / 'layer_floor.py')
+    with pytest.raises(SystemExit) as exit_info:
+        layer_floor.parse_args(['--repeats', '0'])
+    assert exit_info.value.code == 2 and 'error: --repeats must be >= 1, got 0' in capsys.readouterr().err

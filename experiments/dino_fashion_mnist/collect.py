@@ -7,7 +7,9 @@ Reads, for each variant folder under the root, ``summary.json`` and ``metrics.js
 per-epoch DINO loss goes in as ``loss_per_epoch``) and the probes' ``linear.json``, ``segment.json``,
 ``segment_cls.json`` and ``depth_cls.json``; from the root, the measured attention sparsity of the entmax
 variants (``sparsity.json``, ``attention_maps --compare``) and Point-in-Box per block (``point_in_box.json``);
-writes ``<root>/results.json``. A probe not run yet is left out of its variant (the tables show a dash).
+writes ``<root>/results.json``. A probe not run yet is left out of its variant (the tables show a dash); a
+variant folder (one with either file of its pretraining) that lacks the other is an error, exit status 2: a
+pretraining that has not finished has no ``summary.json`` yet, and the results would silently lack it.
 """
 import argparse
 import json
@@ -20,6 +22,7 @@ from timm_recursive.train.files import write_json_atomic
 
 
 PROBES = ('linear', 'segment', 'segment_cls', 'depth_cls')
+PRETRAINING_FILES = ('summary.json', 'metrics.jsonl')  # a variant folder's, written by train_dino.py
 
 
 def _read_json(path: str):
@@ -34,11 +37,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('root', help="the runs' root folder (run.sh's output)")
     root = parser.parse_args(argv).root
+    if not os.path.isdir(root):
+        print(f'error: {root} is not a folder (the runs\' root, run.sh\'s output)', file=sys.stderr)
+        return 2
     rows = {}
     for variant in sorted(os.listdir(root)):
         folder = os.path.join(root, variant)
-        if not os.path.isfile(os.path.join(folder, 'summary.json')):
-            continue
+        present = [name for name in PRETRAINING_FILES if os.path.isfile(os.path.join(folder, name))]
+        if not present:
+            continue  # not a variant (the canvases, a log)
+        if len(present) < len(PRETRAINING_FILES):
+            missing = next(name for name in PRETRAINING_FILES if name not in present)
+            print(f'error: no {missing} in {folder} (it has {present[0]}; a variant folder needs both, and a '
+                  'pretraining that has not finished has no summary.json)', file=sys.stderr)
+            return 2
         row = {name: _read_json(os.path.join(folder, f'{name}.json')) for name in ('summary', *PROBES)}
         with open(os.path.join(folder, 'metrics.jsonl')) as f:
             # by epoch: a resumed run may have logged an epoch twice

@@ -4,16 +4,20 @@ The cases run one after the other inside every repeat, so they share the machine
 load, clocks, caches); the median over repeats then compares them fairly on a noisy shared CPU.
 On CUDA every call is timed to the end of the work it queued (the device is synchronised around it).
 Precision is ``fp32`` or ``bf16``: bf16 runs the forward under ``torch.autocast`` (``autocast``).
+``benchmark_main`` is the shared command line of the scripts in ``benchmarks/``.
 """
+import argparse
+import json
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ['PRECISIONS', 'autocast', 'time_interleaved', 'median_seconds', 'inference_speed', 'recursive_train_step']
+__all__ = ['PRECISIONS', 'autocast', 'time_interleaved', 'median_seconds', 'inference_speed', 'recursive_train_step',
+           'benchmark_main']
 
 PRECISIONS = ('fp32', 'bf16')
 
@@ -80,3 +84,17 @@ def recursive_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, ima
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
+
+
+def benchmark_main(parse_args: Callable[[Optional[Sequence[str]]], argparse.Namespace],
+                   measure: Callable[[argparse.Namespace], dict],
+                   print_table: Callable[[argparse.Namespace, dict], None],
+                   argv: Optional[Sequence[str]] = None) -> None:
+    """A benchmark's ``main``: parse ``argv``, measure, and print the report as one JSON object with ``--json``,
+    else as ``print_table(args, report)``."""
+    args = parse_args(argv)
+    report = measure(args)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(args, report)
