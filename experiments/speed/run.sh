@@ -4,7 +4,8 @@
 # Usage: experiments/speed/run.sh OUTPUT_DIR [BENCHMARK ...]
 #   BENCHMARK: efficiency entmax_speed entmax_speed_1thread recursive_train_speed recursive_train_speed_b128
 #   recursive_train_speed_b256 layer_floor token_fusion_cost compile_speed (default: all; compile_speed took 76 min
-#   of wall time here; the throughput study of issue 25 ran recursive_train_speed_b* with OMP_NUM_THREADS=1). OUTPUT_DIR must not exist: a run never overwrites another.
+#   of wall time here; the throughput study of issue 25 ran recursive_train_speed_b* with OMP_NUM_THREADS=1).
+#   OUTPUT_DIR must not exist: a run never overwrites another.
 # The committed results are updated only by copying the run's folder:  cp -r OUTPUT_DIR experiments/speed/results/
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -27,8 +28,8 @@ declare -A commands=(
 )
 selected=("$@")
 [ ${#selected[@]} -gt 0 ] || selected=(efficiency entmax_speed entmax_speed_1thread recursive_train_speed
-                                       recursive_train_speed_b128 recursive_train_speed_b256 layer_floor token_fusion_cost
-                                       compile_speed)
+                                       recursive_train_speed_b128 recursive_train_speed_b256 layer_floor
+                                       token_fusion_cost compile_speed)
 for name in "${selected[@]}"; do
     [ -n "${commands[$name]:-}" ] || { echo "error: unknown benchmark $name (known: ${!commands[*]})" >&2; exit 2; }
 done

@@ -9,7 +9,8 @@ from typing import Dict, List, Tuple
 
 from timm_recursive.analysis.generated_markdown import markdown_table
 
-BENCHMARKS = ('efficiency', 'entmax_speed', 'entmax_speed_1thread', 'recursive_train_speed', 'token_fusion_cost', 'compile_speed')
+BENCHMARKS = ('efficiency', 'entmax_speed', 'entmax_speed_1thread', 'recursive_train_speed',
+              'recursive_train_speed_b128', 'recursive_train_speed_b256', 'layer_floor', 'token_fusion_cost', 'compile_speed')
 
 
 def _runs(results: pathlib.Path):
@@ -209,19 +210,83 @@ def throughput_profile_table(study: pathlib.Path) -> str:
     return markdown_table(['part of the DSA-MoE step', 'before (`f936afe`)', 'after (`a2ec2cd`)'], rows)
 
 
-def throughput_ratio_table(study: pathlib.Path) -> str:
-    """DSA-MoE / SA-MLP images/s at batch 128 and 256 at each commit of issue 25."""
-    def cell(commit, batch):
-        path = study / f'train_speed_b{batch}_{commit}.json'
-        if not path.exists():
-            return 'not run'
-        r = json.loads(path.read_text())['results']
-        dsa, mlp = r['recursive_dsa_moe_cifar'], r['recursive_sa_mlp_cifar']
-        return f'{_x(dsa["speedup_vs_recursive_sa_mlp_cifar"])} ({dsa["median_s_per_step"]:.2f} s against ' \
-               f'{mlp["median_s_per_step"]:.2f} s)'
-    rows = [[f'`{commit}` ({what})', cell(commit, 128), cell(commit, 256)]
+def _train_ratio(path: pathlib.Path) -> str:
+    if not path.exists():
+        return 'not run'
+    r = json.loads(path.read_text())['results']
+    dsa, mlp = r['recursive_dsa_moe_cifar'], r['recursive_sa_mlp_cifar']
+    return f'{_x(dsa["speedup_vs_recursive_sa_mlp_cifar"])} ({dsa["median_s_per_step"]:.2f} s against ' \
+           f'{mlp["median_s_per_step"]:.2f} s)'
+
+
+def _train_ratio_files(results: pathlib.Path, batch: int) -> List[pathlib.Path]:
+    """Every DSA-MoE / SA-MLP training run at ``batch``: the throughput study's commits, then the later runs."""
+    study = results / THROUGHPUT_STUDY
+    return (sorted(f for f in study.glob(f'train_speed_b{batch}_*.json') if 'threads' not in f.name)
+            + [f / f'recursive_train_speed_b{batch}.json' for f, _ in _runs(results)
+               if (f / f'recursive_train_speed_b{batch}.json').exists()])
+
+
+def throughput_range(results: pathlib.Path) -> str:
+    """The spread of the one-thread DSA-MoE / SA-MLP ratio over every run at batch 128 and 256."""
+    spans = []
+    for batch in (128, 256):
+        ratios = [json.loads(f.read_text())['results']['recursive_dsa_moe_cifar']['speedup_vs_recursive_sa_mlp_cifar']
+                  for f in _train_ratio_files(results, batch)]
+        spans.append(f'{min(ratios):.2f}x to {max(ratios):.2f}x at batch {batch}')
+    return ' and '.join(spans)
+
+
+def throughput_ratio_table(results: pathlib.Path) -> str:
+    """DSA-MoE / SA-MLP images/s at batch 128 and 256 at each commit of issue 25, then in every later run of
+    ``recursive_train_speed_b128`` / ``_b256``."""
+    study = results / THROUGHPUT_STUDY
+    rows = [[f'`{commit}` ({what})', _train_ratio(study / f'train_speed_b128_{commit}.json'),
+             _train_ratio(study / f'train_speed_b256_{commit}.json'), '3']
             for commit, what in (('f936afe', 'before'), ('f1e1103', 'change 1'), ('a2ec2cd', 'changes 1 and 2'))]
-    return markdown_table(['commit', 'batch 128: DSA-MoE / SA-MLP images/s', 'batch 256'], rows)
+    for folder, provenance in _runs(results):
+        files = [folder / f'recursive_train_speed_b{batch}.json' for batch in (128, 256)]
+        if any(f.exists() for f in files):
+            repeats = {json.loads(f.read_text())['config']['repeats'] for f in files if f.exists()}
+            rows.append([f'`{provenance.get("commit", "not recorded")[:7]}` (run `{folder.name}`)',
+                         *(_train_ratio(f) for f in files), '/'.join(map(str, sorted(repeats)))])
+    return markdown_table(['commit', 'batch 128: DSA-MoE / SA-MLP images/s', 'batch 256', 'repeats'], rows)
+
+
+def throughput_bound(results: pathlib.Path) -> str:
+    """DSA-MoE's block layers against SA-MLP's, with and without their machinery (the layers against only their
+    linear layers, one interleaved layer_floor run), and what 1.8x would ask of the training step of the same run
+    folder (a separate benchmark: a rough magnitude)."""
+    folder = [f for f, _ in _runs(results)
+              if (f / 'layer_floor.json').exists() and (f / 'recursive_train_speed_b128.json').exists()][-1]
+    layers = {name: r['seconds_per_step'] for name, r in json.loads((folder / 'layer_floor.json').read_text())[
+        'results'].items()}
+    steps = json.loads((folder / 'recursive_train_speed_b128.json').read_text())['results']
+    dsa_step, mlp_step = (steps[m]['median_s_per_step'] for m in ('recursive_dsa_moe_cifar', 'recursive_sa_mlp_cifar'))
+    moe_linears = next(v for k, v in layers.items() if k.startswith('moe experts linears'))
+    dsa_layers = layers['dsa layer'] + layers['moe layer']
+    mlp_layers = layers['sdpa layer (timm Attention)'] + layers['mlp layer']
+    dsa_linears = layers['dsa linears (qkv, proj)'] + moe_linears
+    mlp_linears = layers['attention linears (qkv, proj)'] + layers['mlp linears']
+    attention_core = layers['dsa layer'] - layers['dsa linears (qkv, proj)']
+    moe_machinery = layers['moe layer'] - moe_linears
+    needed = dsa_step - mlp_step / 1.8
+    return (f'in run `{folder.name}`, DSA-MoE\'s block layers take {dsa_layers:.2f} s per step against SA-MLP\'s '
+            f'{mlp_layers:.2f} s ({mlp_layers / dsa_layers:.2f}x), their linear layers alone {dsa_linears:.2f} s '
+            f'against {mlp_linears:.2f} s ({dsa_linears / mlp_linears:.3f}x the time, {mlp_linears / dsa_linears:.2f}x '
+            f'the speed). DSA-MoE\'s machinery costs {attention_core + moe_machinery:.2f} s per step (attention core '
+            f'and indexer {attention_core:.2f} s, routing, dispatch and GELU {moe_machinery:.2f} s). The training step '
+            f'adds what both models share (encoder, norms, loss, AdamW), which pulls the ratio further toward 1: '
+            f'the same folder\'s batch-128 step measured {mlp_step / dsa_step:.2f}x, and 1.8x would need '
+            f'{needed:.2f} s less per DSA-MoE step, {100 * needed / (attention_core + moe_machinery):.0f}% of the '
+            f'machinery\'s time (two benchmarks run minutes apart: a rough magnitude)')
+
+
+def layer_floor_table(report: dict) -> str:
+    rows = [[name, f'{r["seconds_per_layer"]:.3f}', f'{r["seconds_per_step"]:.2f}']
+            for name, r in report['results'].items()]
+    return markdown_table(['layer, or only its linear layers', 's per layer (one training step\'s inputs)',
+                           f's per step (x{next(iter(report["results"].values()))["blocks"]} blocks)'], rows)
 
 
 def provenance_table(found: Dict[str, Tuple[dict, dict, str]]) -> str:
@@ -255,9 +320,12 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     pieces['commands'] = '\n'.join(
         f'- {name}: `{found[name][1]["benchmarks"][name]["command"]}`' if found[name][1] else f'- {name}: not recorded'
         for name in BENCHMARKS if name in found)
-    study = results / THROUGHPUT_STUDY
-    pieces['throughput_profile'] = throughput_profile_table(study)
-    pieces['throughput_ratios'] = throughput_ratio_table(study)
+    pieces['throughput_profile'] = throughput_profile_table(results / THROUGHPUT_STUDY)
+    pieces['throughput_ratios'] = throughput_ratio_table(results)
+    if 'layer_floor' in found:
+        pieces['layer_floor'] = layer_floor_table(found['layer_floor'][0])
+        pieces['throughput_bound'] = throughput_bound(results)
+    pieces['throughput_range'] = throughput_range(results)
     train = found['recursive_train_speed'][0]['results']
     dsa, mlp = train['recursive_dsa_moe_cifar'], train['recursive_sa_mlp_cifar']
     fuse = found['token_fusion_cost'][0]['results']

@@ -48,9 +48,10 @@ def _build() -> ModuleType:
     finally:
         cpp_logger.setLevel(level)
     _LOGGER.info('building the entmax-1.5 CPU kernel (once; cached under %s)', cpp_extension.get_default_build_root())
+    # -fno-math-errno: without it std::sqrt must set errno on negative input and cannot be vectorised
     return cpp_extension.load(
-        name='timm_recursive_entmax15_cpu', sources=[_SOURCE], extra_cflags=['-O3', '-march=native', '-fopenmp', '-fno-math-errno'], extra_ldflags=['-fopenmp'],
-        verbose=False)
+        name='timm_recursive_entmax15_cpu', sources=[_SOURCE],
+        extra_cflags=['-O3', '-march=native', '-fopenmp', '-fno-math-errno'], extra_ldflags=['-fopenmp'], verbose=False)
 
 
 def cpu_kernel() -> Optional[ModuleType]:
