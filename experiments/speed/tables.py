@@ -10,7 +10,8 @@ from typing import Dict, List, Tuple
 from timm_recursive.analysis.generated_markdown import markdown_table
 
 BENCHMARKS = ('efficiency', 'entmax_speed', 'entmax_speed_1thread', 'recursive_train_speed',
-              'recursive_train_speed_b128', 'recursive_train_speed_b256', 'layer_floor', 'token_fusion_cost', 'compile_speed')
+              'recursive_train_speed_b128', 'recursive_train_speed_b256', 'layer_floor', 'token_fusion_cost',
+              'compile_speed')
 
 
 def _runs(results: pathlib.Path):
@@ -338,9 +339,10 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         f'keep {name.split("=")[1]}: {dense / r["gmacs"]["gmacs"]:.2f}x fewer MACs, {r["batch_32"]["speedup"]:.2f}x '
         f'the images/s' for name, r in fuse.items()
         if name in ('deit_s_tokenfuse keep=0.673', 'deit_s_tokenfuse keep=0.7') and 'batch_32' in r)
+    train_batch = found['recursive_train_speed'][0]['config']['batch_size']
     pieces['headline'] = (
         f'DSA-MoE trains at {dsa["images_per_s"] / mlp["images_per_s"]:.2f}x the images/s of SA-MLP '
-        f'(CPU, interleaved); deit_s_tokenfuse at keep 0.7: {keep_07["gmacs"]["gmacs"]:.3f} GMACs, '
+        f'(CPU, batch {train_batch}, interleaved); deit_s_tokenfuse at keep 0.7: {keep_07["gmacs"]["gmacs"]:.3f} GMACs, '
         f'{keep_07["batch_32"]["speedup"]:.2f}x the images/s of DeiT-S; entmax-1.5 ViT-S / ViT-Ti forward + backward '
         f'{_entmax_ratios(found["entmax_speed"][0])[1]} / {_entmax_ratios(found["entmax_speed"][0])[2]} '
         f'softmax SDPA\'s time')
