@@ -65,7 +65,7 @@ float row_threshold(const float* z, int64_t n) {
     if (it == 0) {
       // From far below (tau = -1 on a near-uniform row) Newton only halves the distance per step. The root
       // lies above the solution (sum_S (z - t)^2 >= f + 1), and f is convex, so a Newton step from the root
-      // lands below the solution too, and far nearer: near-uniform rows take 3 passes instead of 7.
+      // lands below the solution too, and far nearer: near-uniform rows then take a few passes, not many.
       const float upper = static_cast<float>(root);
       const SupportSums a = support_sums(z, n, upper);
       next = std::max(next, upper + static_cast<float>((a.srr - 1.0) / (2.0 * a.sr)));
