@@ -35,6 +35,7 @@ import timm_recursive  # noqa: F401
 from timm_recursive.layers import entmax15
 from timm_recursive.layers import entmax_attention, entmax_kernel
 from timm_recursive.analysis.timing import PRECISIONS, autocast, benchmark_main, median_seconds
+from timm_recursive.train.run import positive_int
 
 # the entmax ViTs benchmarked, their short names and the softmax ViTs they are measured against
 MODELS = {'vit_small_entmax': ('ViT-S', 'vit_small_patch16_224'), 'vit_tiny_entmax': ('ViT-Ti', 'vit_tiny_patch16_224')}
@@ -147,11 +148,11 @@ def solver(device: torch.device) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--batch-size', type=int, default=8)
-    parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--img-size', type=int, default=224, help='image size of the whole-model cases')
+    parser.add_argument('--batch-size', type=positive_int, default=8)
+    parser.add_argument('--repeats', type=positive_int, default=5)
+    parser.add_argument('--img-size', type=positive_int, default=224, help='image size of the whole-model cases')
     parser.add_argument('--models', nargs='+', default=list(MODELS), choices=list(MODELS))
-    parser.add_argument('--threads', type=int, default=None, help='intra-op threads (default: torch\'s)')
+    parser.add_argument('--threads', type=positive_int, default=None, help='intra-op threads (default: torch\'s)')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--precision', default='fp32', choices=PRECISIONS, help='bf16: the forwards under autocast')
     parser.add_argument('--json', action='store_true')

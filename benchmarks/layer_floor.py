@@ -24,6 +24,7 @@ from torch import nn
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.timing import benchmark_main, median_seconds
 from timm_recursive.models.recursive_classifier import sequence_length
+from timm_recursive.train.run import positive_int
 
 # a module, and the inputs and output gradients of its forward + backward calls, one pair per recursion step
 Workload = Tuple[nn.Module, List[torch.Tensor], List[torch.Tensor]]
@@ -31,16 +32,12 @@ Workload = Tuple[nn.Module, List[torch.Tensor], List[torch.Tensor]]
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--batch-size', type=int, default=128, help='images of the training step')
-    parser.add_argument('--repeats', type=int, default=3)
-    parser.add_argument('--threads', type=int, default=None, help='intra-op threads (default: torch\'s)')
+    parser.add_argument('--batch-size', type=positive_int, default=128, help='images of the training step')
+    parser.add_argument('--repeats', type=positive_int, default=3)
+    parser.add_argument('--threads', type=positive_int, default=None, help='intra-op threads (default: torch\'s)')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--json', action='store_true', help='print the results as one JSON object')
-    args = parser.parse_args(argv)
-    for name in ('batch_size', 'repeats', 'threads'):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f'--{name.replace("_", "-")} must be >= 1, got {getattr(args, name)}')
-    return args
+    return parser.parse_args(argv)
 
 
 def run_workloads(workloads: Sequence[Workload]) -> Callable[[], None]:

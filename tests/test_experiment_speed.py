@@ -91,8 +91,9 @@ def test_layer_floor_times_every_layer_and_its_linears_per_layer_and_per_step(ca
     assert table[1].startswith('dsa layer ') and table[1].endswith(' s per step)')
 
 
-def test_layer_floor_refuses_a_repeat_count_below_one(capsys):
-    layer_floor = import_file(REPO / 'benchmarks' / 'layer_floor.py')
+@pytest.mark.parametrize('benchmark,flag', [('layer_floor', '--repeats'), ('entmax_speed', '--threads')])
+def test_benchmarks_refuse_a_count_below_one(capsys, benchmark, flag):
+    script = import_file(REPO / 'benchmarks' / f'{benchmark}.py')
     with pytest.raises(SystemExit) as exit_info:
-        layer_floor.parse_args(['--repeats', '0'])
-    assert exit_info.value.code == 2 and 'error: --repeats must be >= 1, got 0' in capsys.readouterr().err
+        script.parse_args([flag, '0'])
+    assert exit_info.value.code == 2 and f'error: argument {flag}: must be at least 1, got 0' in capsys.readouterr().err
