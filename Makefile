@@ -62,7 +62,7 @@ hub-folders: $(STAMP)
 	scripts/hub_folders.sh
 
 efficiency: $(STAMP)
-	$(PY) -m timm_recursive.efficiency recursive_sa_mlp_cifar recursive_sa_moe_cifar recursive_dsa_moe_cifar recursive_dsa_moe_cifar:topk=2
+	$(PY) -m timm_recursive.cli efficiency recursive_sa_mlp_cifar recursive_sa_moe_cifar recursive_dsa_moe_cifar recursive_dsa_moe_cifar:topk=2
 
 clean:
 	rm -rf $(VENV) .cache $(TIMM_SUITE) .pytest_cache

@@ -14,6 +14,8 @@ first compiled call (compilation) is timed on its own; then the two are timed in
 one run: absolute times on a shared CPU are noisy.
 """
 import argparse
+import pathlib
+import sys
 import copy
 import statistics
 
@@ -21,7 +23,10 @@ import torch
 import timm
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import PRECISIONS, benchmark_main, recursive_train_step, time_interleaved
+from timm_recursive.analysis.timing import PRECISIONS, time_interleaved
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
+from tools.benchmarking import benchmark_main, recursive_train_step  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

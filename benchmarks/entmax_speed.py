@@ -26,6 +26,8 @@ which). It also reports the largest difference between our solution and the pack
 benchmark's scores.
 """
 import argparse
+import pathlib
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +36,11 @@ import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.layers import entmax15
 from timm_recursive.layers import entmax_attention, entmax_kernel
-from timm_recursive.analysis.timing import PRECISIONS, autocast, benchmark_main, median_seconds
-from timm_recursive.train.run import positive_int
+from timm_recursive.analysis.timing import PRECISIONS, autocast, median_seconds
+from timm_recursive.cli.args import positive_int
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
+from tools.benchmarking import benchmark_main  # noqa: E402
 
 # the entmax ViTs benchmarked, their short names and the softmax ViTs they are measured against
 MODELS = {'vit_small_entmax': ('ViT-S', 'vit_small_patch16_224'), 'vit_tiny_entmax': ('ViT-Ti', 'vit_tiny_patch16_224')}
@@ -89,16 +94,16 @@ def model_cases(softmax_vit, entmax_vit, batch: int, normalise, device, precisio
 
     def step(model, probs=None):
         def run():
-            original = entmax_attention.attention_probs, entmax_attention._use_adasplash
+            original = entmax_attention.attention_probs, entmax_attention.uses_adasplash
             if probs is not None:  # swap the normaliser the attention layers call, and keep them off adasplash
                 entmax_attention.attention_probs = lambda scores, alpha: probs(scores, dim=-1)
-                entmax_attention._use_adasplash = lambda q: False
+                entmax_attention.uses_adasplash = lambda q: False
             try:
                 with autocast(device, precision):
                     loss = model(x).mean()
                 loss.backward()
             finally:
-                entmax_attention.attention_probs, entmax_attention._use_adasplash = original
+                entmax_attention.attention_probs, entmax_attention.uses_adasplash = original
             model.zero_grad(set_to_none=True)
         return run
 
@@ -141,7 +146,7 @@ def solver(device: torch.device) -> str:
     """Which entmax-1.5 solver ours is on ``device``."""
     if device.type == 'cpu':
         return 'compiled CPU row kernel' if entmax_kernel.cpu_kernel() is not None else 'tensor-level solver'
-    if entmax_attention._use_adasplash(torch.empty(0, device=device)):
+    if entmax_attention.uses_adasplash(torch.empty(0, device=device)):
         return 'tensor-level solver; in the whole model adasplash\'s fused kernel'
     return 'tensor-level solver'
 

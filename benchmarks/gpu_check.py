@@ -15,7 +15,7 @@ are built from scratch and the training data are scikit-learn's digits). The par
 * ``exactness adasplash``: adasplash's fused kernel (what ``vit_*_entmax`` runs on CUDA when it is
   installed) against the package's entmax15 attention in float64, output and q/k/v gradients, within
   adasplash's own test tolerances (1e-4 and 1e-2: its float32 dots may run in TF32);
-* ``train <family>``: ``timm_recursive.train.commands.train.main`` (``train_scripts/train.py``, through
+* ``train <family>``: ``timm_recursive.cli.train.main`` (``train_scripts/train.py``, through
   Accelerate) for one epoch on digits into a temporary folder, in bf16 mixed precision when bf16 is
   among ``--precisions``; it passes with a finite loss on the asked device;
 * ``benchmark <name> <precision>``: each benchmark's ``measure`` in this process, with the settings of
@@ -49,10 +49,11 @@ import torch
 
 import timm
 import timm_recursive
-from timm_recursive.analysis.generated_markdown import import_file
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
+from tools.generated_markdown import import_file  # noqa: E402
 from timm_recursive.analysis.timing import PRECISIONS
 from timm_recursive.layers import entmax15, entmax_attention, entmax_kernel
-from timm_recursive.train import write_json_atomic
+from timm_recursive.runs import write_json_atomic
 
 HERE = pathlib.Path(__file__).resolve().parent
 BENCHMARKS = {name: import_file(HERE / f'{name}.py')
@@ -147,12 +148,12 @@ def check_entmax15(device: torch.device, quick: bool) -> dict:
 
 
 def check_adasplash(device: torch.device, quick: bool) -> dict:
-    if entmax_attention._adasplash() is None:
+    if entmax_attention.adasplash_kernel() is None:
         raise Skipped('adasplash not installed')
     reference = _package_entmax15()
     torch.manual_seed(0)
     q, k, v = (torch.randn(1 if quick else 8, 6, 197, 64, device=device) for _ in range(3))
-    if not entmax_attention._use_adasplash(q):  # the rule the entmax layers dispatch by
+    if not entmax_attention.uses_adasplash(q):  # the rule the entmax layers dispatch by
         raise Skipped(f'the entmax layers do not run adasplash on {device} (CUDA only, and not with '
                       'TIMM_RECURSIVE_ENTMAX_KERNEL=python)')
     d_out = torch.randn_like(q)
@@ -179,7 +180,7 @@ def train_argv(family_args: list, size: str, precisions: tuple) -> list:
 
 
 def train_family(family_args: list, size: str, device: torch.device, precisions: tuple) -> dict:
-    from timm_recursive.train.commands import train
+    from timm_recursive.cli import train
 
     argv = train_argv(family_args, size, precisions)
     # Accelerate trains on the GPU whenever there is one: a CPU device has to be asked for

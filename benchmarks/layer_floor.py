@@ -15,6 +15,8 @@ cases run interleaved, median of ``--repeats``; per step is per layer times the 
 same shapes). Compare the times within one run: absolute times on a shared CPU are noisy.
 """
 import argparse
+import pathlib
+import sys
 from typing import Callable, List, Sequence, Tuple
 
 import torch
@@ -22,9 +24,12 @@ import timm
 from torch import nn
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import benchmark_main, median_seconds
+from timm_recursive.analysis.timing import median_seconds
 from timm_recursive.models.recursive_classifier import sequence_length
-from timm_recursive.train.run import positive_int
+from timm_recursive.cli.args import positive_int
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
+from tools.benchmarking import benchmark_main  # noqa: E402
 
 # a module, and the inputs and output gradients of its forward + backward calls, one pair per recursion step
 Workload = Tuple[nn.Module, List[torch.Tensor], List[torch.Tensor]]

@@ -6,7 +6,7 @@
         recursive_dsa_moe_cifar:grad_window=0 recursive_sa_mlp_cifar recursive_dsa_moe_cifar
 
 A model may carry constructor arguments after a colon (``name:grad_window=0``), as in
-``python -m timm_recursive.efficiency``; the second form compares the detached history
+``timm-recursive efficiency``; the second form compares the detached history
 (``grad_window=0``) with the default gradient path, all four interleaved in one run.
 
 Each repeat times ``--steps`` full training steps (forward over every recursion step, deep-supervised
@@ -17,14 +17,19 @@ median over repeats of images/s and its ratio to the first model. Timings are no
 CPU: compare ratios within one run, not absolute numbers across runs.
 """
 import argparse
+import pathlib
+import sys
 import statistics
 
 import torch
 import timm
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import PRECISIONS, benchmark_main, recursive_train_step, time_interleaved
-from timm_recursive.efficiency import parse_model_spec
+from timm_recursive.analysis.timing import PRECISIONS, time_interleaved
+from timm_recursive.analysis.efficiency import parse_model_spec
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
+from tools.benchmarking import benchmark_main, recursive_train_step  # noqa: E402
 
 DEFAULT_MODELS = ['recursive_sa_mlp_cifar', 'recursive_sa_moe_cifar', 'recursive_dsa_moe_cifar']
 

@@ -17,13 +17,18 @@ Anchors from the issue: BAT 3.005 GMACs at keep 0.7 (DeiT-S 4.6); EViT 3.0 GMACs
 GPU; ToMe (r=13) 1.67x. Timings are noisy on a shared CPU: compare the ratios within one run.
 """
 import argparse
+import pathlib
+import sys
 
 import torch
 
 import timm
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import PRECISIONS, benchmark_main, inference_speed
+from timm_recursive.analysis.timing import PRECISIONS, inference_speed
 from timm_recursive.analysis.token_fusion_cost import count_gmacs
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
+from tools.benchmarking import benchmark_main  # noqa: E402
 
 BASELINE = 'deit_small_patch16_224'
 

@@ -4,7 +4,7 @@
     python experiments/render.py          # rewrite the marked pieces in place
     python experiments/render.py --check  # exit 1 and name each file whose pieces differ from its data
 
-Each study's ``tables.py`` reads its own ``results/`` (see timm_recursive.analysis.generated_markdown).
+Each study's ``tables.py`` reads its own ``results/`` (see tools/generated_markdown.py).
 """
 import argparse
 import os
@@ -12,7 +12,8 @@ import pathlib
 import sys
 import tempfile
 
-from timm_recursive.analysis.generated_markdown import GeneratedMarkdownError, Repository
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
+from tools.generated_markdown import GeneratedMarkdownError, Repository  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

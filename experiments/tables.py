@@ -6,7 +6,7 @@ table is as traceable as the studies' tables.
 import pathlib
 from typing import Dict
 
-from timm_recursive.analysis.generated_markdown import load_study_tables, markdown_table
+from tools.generated_markdown import load_study_tables, markdown_table
 
 # (study folder, family, question the study answers), in the README's order
 FAMILY_PAGES = {

@@ -12,8 +12,8 @@ TINY_RUN = ['--model', 'recursive_dsa_moe_tiny', '--dataset', 'digits', '--model
 
 
 def load_script(name: str):
-    """The module of the command ``train_scripts/<name>.py`` runs (``timm_recursive.train.commands.<name>``)."""
-    return importlib.import_module(f'timm_recursive.train.commands.{name}')
+    """The module of the command ``train_scripts/<name>.py`` runs (``timm_recursive.cli.<name>``)."""
+    return importlib.import_module(f'timm_recursive.cli.{name}')
 
 
 def assert_one_error_line(main, argv, output, capsys, message: str) -> None:

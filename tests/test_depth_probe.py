@@ -1,4 +1,4 @@
-"""The dense linear depth probe (timm_recursive.probing.depth_probe, probe.py depth) and the depth maps
+"""The dense linear depth probe (timm_recursive.analysis.probing.depth_probe, probe.py depth) and the depth maps
 of composed canvases (canvas_depths, probe.py compose --depth), on tiny data made here."""
 import io
 import json
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from timm_recursive.data import to_depth_array
-from timm_recursive.probing import MIN_DEPTH, canvas_depths, depth_metrics, depth_probe
+from timm_recursive.analysis.probing import MIN_DEPTH, canvas_depths, depth_metrics, depth_probe
 
 from helpers import assert_one_error_line, load_script
 

@@ -1,5 +1,5 @@
-"""DINO pretraining (timm_recursive.dino, train_scripts/train_dino.py) and frozen-feature probes
-(timm_recursive.probing, train_scripts/probe.py), on tiny models and data made here."""
+"""DINO pretraining (timm_recursive.train.dino, train_scripts/train_dino.py) and frozen-feature probes
+(timm_recursive.analysis.probing, train_scripts/probe.py), on tiny models and data made here."""
 import json
 import math
 import os
@@ -13,11 +13,11 @@ from safetensors.torch import load_file
 import timm
 import timm_recursive  # noqa: F401
 from timm.utils import ModelEmaV3
-from timm_recursive.dino import (
+from timm_recursive.train.dino import (
     CollapseDetector, DINOHead, DINOLoss, DINOModel, MultiCropTransform, cosine_schedule, teacher_temperatures)
-from timm_recursive.probing import (
+from timm_recursive.analysis.probing import (
     compose_canvases, confusion_matrix, dense_probe, linear_probe, segmentation_scores)
-from timm_recursive.train import find_last_state
+from timm_recursive.runs import find_last_state
 
 from helpers import load_script
 
@@ -274,7 +274,7 @@ def test_probe_commands_on_the_pretrained_backbone(dino_run, tmp_path):
 
 
 def test_features_of_any_block_from_one_pass():
-    from timm_recursive.probing import (
+    from timm_recursive.analysis.probing import (
         check_blocks, classification_features, classification_features_per_block, dense_features)
     def three_blocks():
         torch.manual_seed(0)

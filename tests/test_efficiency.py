@@ -7,7 +7,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from timm_recursive.analysis import efficiency_report, forward_macs
-from timm_recursive.efficiency import build_reports, main, parse_model_spec
+from timm_recursive.analysis.efficiency import build_reports, parse_model_spec
+from timm_recursive.cli.efficiency import main
 
 
 @pytest.fixture(scope='module')

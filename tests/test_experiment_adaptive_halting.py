@@ -4,7 +4,7 @@ import json
 import pathlib
 import shutil
 
-from timm_recursive.analysis.generated_markdown import import_file
+from tools.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'adaptive_halting'
 tables = import_file(STUDY / 'tables.py')

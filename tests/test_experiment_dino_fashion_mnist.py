@@ -4,7 +4,7 @@ import pathlib
 import subprocess
 import sys
 
-from timm_recursive.analysis.generated_markdown import import_file
+from tools.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'dino_fashion_mnist'
 

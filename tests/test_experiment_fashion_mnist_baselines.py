@@ -2,7 +2,7 @@
 import json
 import pathlib
 
-from timm_recursive.analysis.generated_markdown import import_file
+from tools.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'fashion_mnist_baselines'
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from timm_recursive.analysis.generated_markdown import import_file
+from tools.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'recursion_refinement'
 

@@ -12,8 +12,8 @@ import timm
 import torch
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import benchmark_main, recursive_train_step
-from timm_recursive.analysis.generated_markdown import import_file
+from tools.benchmarking import benchmark_main, recursive_train_step
+from tools.generated_markdown import import_file
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 STUDY = REPO / 'experiments' / 'speed'

@@ -5,7 +5,7 @@ import pathlib
 import pytest
 
 from timm_recursive.layers import num_kept
-from timm_recursive.analysis.generated_markdown import import_file
+from tools.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'token_fusion_ablation'
 
@@ -55,7 +55,7 @@ def test_tables_show_what_was_measured_and_dash_the_rest(tmp_path):
     assert pieces['fused_4_vs_2'] == '+2.00'
     assert '\n' not in pieces['headline'] and 'both 75.25%' in pieces['headline']
     assert all('nan' not in text for text in pieces.values())
-    assert pieces['deit_s_budget'].startswith('not measured yet: `python -m timm_recursive.analysis.token_fusion_cost')
+    assert pieces['deit_s_budget'].startswith('not measured yet: `timm-recursive token-fusion-cost')
     found = {'keep_rate': 0.673179, 'gmacs': {'gmacs': 2.987}, 'gmacs_above': 3.004,
              'tokens_per_block': [197, 137, 137]}
     (tmp_path / study_tables.BUDGET).write_text(json.dumps({'model': 'deit_s_tokenfuse', 'budget_gmacs': 3.0,

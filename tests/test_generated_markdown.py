@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from timm_recursive.analysis.generated_markdown import (
+from tools.generated_markdown import (
     GeneratedMarkdownError, Repository, markdown_table, render, tables_outside_generated_blocks)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -19,7 +19,7 @@ def _fake_checkout(tmp_path, readme_body):
     (study / 'results' / 'run.json').write_text(json.dumps({'top1': 81.234}))
     (study / 'tables.py').write_text(
         'import json\n'
-        'from timm_recursive.analysis.generated_markdown import markdown_table\n'
+        'from tools.generated_markdown import markdown_table\n'
         'def tables(results):\n'
         '    top1 = json.loads((results / "run.json").read_text())["top1"]\n'
         '    return {"main": markdown_table(["model", "top-1 (%)"], [["toy", f"{top1:.2f}"]]),\n'

@@ -8,7 +8,7 @@ import pytest
 import timm
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.generated_markdown import import_file
+from tools.generated_markdown import import_file
 
 gpu_check = import_file(pathlib.Path(__file__).resolve().parent.parent / 'benchmarks' / 'gpu_check.py')
 
@@ -71,8 +71,8 @@ def test_quick_run_on_cpu_runs_every_part_into_one_json(quick_run):
 
 
 def test_the_full_settings_a_gpu_run_uses_are_valid_command_lines():
-    from timm_recursive.efficiency import parse_model_spec
-    from timm_recursive.train.commands import train
+    from timm_recursive.analysis.efficiency import parse_model_spec
+    from timm_recursive.cli import train
 
     for name, sizes in gpu_check.BENCHMARK_ARGS.items():
         args = gpu_check.BENCHMARKS[name].parse_args(sizes['full'] + ['--device', 'cuda', '--precision', 'bf16'])
@@ -110,8 +110,8 @@ def test_the_adasplash_part_compares_the_kernel_with_the_exact_attention(tmp_pat
     def stand_in(q, k, v, alpha, is_causal):
         return entmax15((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)) @ v
 
-    monkeypatch.setattr(entmax_attention, '_adasplash', lambda: stand_in)
-    monkeypatch.setattr(entmax_attention, '_use_adasplash', lambda q: True)
+    monkeypatch.setattr(entmax_attention, 'adasplash_kernel', lambda: stand_in)
+    monkeypatch.setattr(entmax_attention, 'uses_adasplash', lambda q: True)
     output = tmp_path / 'gpu_check.json'
     assert gpu_check.main(['--device', 'cpu', '--quick', '--parts', 'exactness adasplash',
                            '--output', str(output)]) == 0

@@ -13,7 +13,7 @@ import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.hub import (
     HUB_ORG, HubError, export_run, load_run, public_command, push_to_hub, render_model_card)
-from timm_recursive.train import create_model_from_checkpoint
+from timm_recursive.runs import create_model_from_checkpoint
 
 from helpers import TINY_RUN, load_script
 
@@ -223,7 +223,7 @@ def test_push_script_publishes_a_dino_run_and_exported_model_folders(run_dir, tm
 def test_recursive_card_shows_the_runs_halting_measurement(run_dir, tmp_path, capsys):
     """Without RUN/halting.json the card says how to measure it; with it, its table; a measurement of other
     weights than the card publishes is refused."""
-    from timm_recursive.analysis.adaptive_halting import main as measure_halting
+    from timm_recursive.cli.adaptive_halting import main as measure_halting
     card = open(os.path.join(export_run(run_dir, str(tmp_path / 'plain'), repo_id=REPO_ID, weights='last'),
                              'README.md')).read()
     assert '### Adaptive halting' in card and 'Not measured for this checkpoint' in card

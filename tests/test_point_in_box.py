@@ -10,7 +10,7 @@ import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.analysis import point_in_box as pib
 from timm_recursive.layers import entmax_attention
-from timm_recursive.train.export import export_model
+from timm_recursive.runs.export import export_model
 
 from helpers import assert_one_error_line, load_script
 

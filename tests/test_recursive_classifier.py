@@ -299,7 +299,7 @@ def test_forward_intermediates_gives_the_encoder_stages_and_forward_features():
 
 
 def test_recursion_gradients_command(capsys):
-    from timm_recursive.analysis.recursion_gradients import main
+    from timm_recursive.cli.recursion_gradients import main
     assert main(['--model', 'recursive_dsa_moe_tiny', '--model-kwargs', 'num_steps=3', 'in_chans=1',
                  '--dataset', 'digits', '--windows', '0', '1', '--batch-size', '8', '--markdown']) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| 0 ') or line.startswith('| 1 ')]
@@ -336,7 +336,7 @@ def test_summary_probe_measures_the_summary_not_the_readout():
 
 
 def test_summary_probe_command(tmp_path, capsys):
-    from timm_recursive.analysis.summary_probe import main
+    from timm_recursive.cli.summary_probe import main
     from timm_recursive.train import export_model
     torch.manual_seed(0)
     export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=2), str(tmp_path / 'm'))
@@ -350,8 +350,7 @@ def test_summary_probe_command(tmp_path, capsys):
 
 
 def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
-    from timm_recursive.analysis.recursion_interventions import (
-        INTERVENTIONS, _replacement, edited_step_logits)
+    from timm_recursive.analysis.recursion_interventions import INTERVENTIONS, _replacement, edited_step_logits
     from timm_recursive.models.recursive_classifier import ROLE_SLOTS
     torch.manual_seed(0)
     model = _tiny(num_steps=2, in_chans=1)
@@ -420,7 +419,7 @@ def test_interventions_measure_which_inputs_a_step_follows():
 
 
 def test_interventions_command(tmp_path, capsys):
-    from timm_recursive.analysis.recursion_interventions import main
+    from timm_recursive.cli.recursion_interventions import main
     from timm_recursive.train import export_model
     torch.manual_seed(0)
     export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=2), str(tmp_path / 'm'))
@@ -451,7 +450,8 @@ def test_labelled_batches_leave_no_single_image_batch():
 
 
 def test_interventions_compare_saved_outputs(tmp_path, capsys):
-    from timm_recursive.analysis.recursion_interventions import INTERVENTIONS, main
+    from timm_recursive.analysis.recursion_interventions import INTERVENTIONS
+    from timm_recursive.cli.recursion_interventions import main
     effect = {'step': 2, 'top1_at_step': 50.0, 'top1_last': 51.0, 'changed': 7.5, 'follows': 4.25}
     saved = {'checkpoint': 'runs/a', 'step_top1': [60.0, 61.0, 62.0], 'interventions': dict.fromkeys(INTERVENTIONS, effect)}
     (tmp_path / 'a.json').write_text(json.dumps(saved))

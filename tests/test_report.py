@@ -7,7 +7,8 @@ import torch
 import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.analysis.recursion_trace import RecursionTrace, RecursionTracer, paired_gain
-from timm_recursive.report import PLOTS, main
+from timm_recursive.analysis.report import PLOTS
+from timm_recursive.cli.report import main
 
 
 def _model(name, **kwargs):
@@ -103,7 +104,7 @@ def test_report_runs_end_to_end_and_writes_every_file(tmp_path, capsys):
     assert main(args) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(['trace.json', 'report.md', *PLOTS])
     report = (out / 'report.md').read_text()
-    assert '| 6 | 8 |' in report and 'python -m timm_recursive.report --model recursive_dsa_moe_tiny' in report
+    assert '| 6 | 8 |' in report and 'timm-recursive report --model recursive_dsa_moe_tiny' in report
     assert RecursionTrace.load(str(out / 'trace.json')).num_images == 40
     mlp = tmp_path / 'mlp'
     assert main(['--model', 'recursive_sa_mlp_tiny', '--dataset', 'digits', '--num-images', '20', '--out', str(mlp),

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from timm_recursive.train import find_states
+from timm_recursive.runs import find_states
 
 from helpers import TINY_RUN, load_script
 

@@ -278,7 +278,8 @@ def test_clear_errors():
 
 
 def test_fusion_maps_command_writes_a_png_per_image(tmp_path):
-    from timm_recursive.analysis.token_fusion_maps import fusion_stages, main
+    from timm_recursive.analysis.token_fusion_maps import fusion_stages
+    from timm_recursive.cli.token_fusion_maps import main
     torch.manual_seed(0)
     model = timm.create_model('deit_t_tokenfuse', **SMALL).eval()
     stages = fusion_stages(model, torch.randn(2, 3, 96, 96))
@@ -464,7 +465,7 @@ TINY_DATA = ['--dataset', 'digits', '--in-chans', '1', '--max-train-samples', '6
 
 def test_finetune_a_fused_model_from_dense_weights_with_the_objective(tmp_path, capsys):
     from helpers import TINY_RUN, load_script
-    from timm_recursive.train import create_model_from_checkpoint
+    from timm_recursive.runs import create_model_from_checkpoint
     train_script = load_script('train')
     dense, fused = str(tmp_path / 'dense'), str(tmp_path / 'fused')
     assert train_script.main(['--model', 'deit_t_tokenfuse', *TINY_FUSED, 'keep_rate=1.0', *TINY_DATA,
@@ -517,7 +518,8 @@ def test_every_parameter_gets_gradient_through_the_reductions(mode):
 
 
 def test_the_keep_rate_for_a_mac_budget_is_the_largest_within_it(capsys):
-    from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget, main
+    from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget
+    from timm_recursive.cli.token_fusion_cost import main
     image = torch.randn(1, 3, 96, 96)
 
     def build(keep_rate, fused=2):

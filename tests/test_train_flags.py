@@ -204,7 +204,7 @@ def test_the_committed_deit_recipe_is_the_documented_fine_tuning_command():
 
 def test_the_train_transform_applies_the_augmentation_flags():
     import timm
-    from timm_recursive.train.commands.train import train_transform_kwargs
+    from timm_recursive.cli.train import train_transform_kwargs
     args = train_script.parse_args(['--aa', 'rand-m9-mstd0.5-inc1', '--reprob', '0.25'])
     kwargs = train_transform_kwargs(args)
     transform = timm.data.create_transform(input_size=(3, 32, 32), is_training=True, **kwargs)

@@ -13,9 +13,8 @@ from safetensors.torch import load_file
 
 import timm
 import timm_recursive  # noqa: F401
-from timm_recursive.train import (
-    CheckpointError, StepOutputs, create_model_from_checkpoint, deep_supervision_loss, evaluate_steps,
-    find_last_state, load_weights, step_weights)
+from timm_recursive.runs import CheckpointError, create_model_from_checkpoint, find_last_state, load_weights
+from timm_recursive.train import StepOutputs, deep_supervision_loss, evaluate_steps, step_weights
 
 from helpers import ROOT, TINY_RUN, load_script
 

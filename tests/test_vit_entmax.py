@@ -108,7 +108,8 @@ def test_bad_arguments():
 
 
 def test_sparsity_and_pca_report_files(tmp_path, capsys):
-    from timm_recursive.analysis.attention_maps import attention_sparsity, main, pca_feature_maps
+    from timm_recursive.analysis.attention_maps import attention_sparsity, pca_feature_maps
+    from timm_recursive.cli.attention_maps import main
     torch.manual_seed(0)
     model = timm.create_model('vit_tiny_entmax', **SMALL)
     images = torch.randn(2, 3, 64, 64)
@@ -143,8 +144,8 @@ def test_cuda_runs_adasplash_kernel_when_installed(monkeypatch):
         calls.append((alpha, is_causal, q.is_contiguous() and k.is_contiguous() and v.is_contiguous()))
         return entmax15((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)) @ v
 
-    monkeypatch.setattr(entmax_attention, '_adasplash', lambda: fake_adasplash)
-    monkeypatch.setattr(entmax_attention, '_use_adasplash', lambda q: True)  # as if q were on CUDA
+    monkeypatch.setattr(entmax_attention, 'adasplash_kernel', lambda: fake_adasplash)
+    monkeypatch.setattr(entmax_attention, 'uses_adasplash', lambda q: True)  # as if q were on CUDA
     torch.manual_seed(0)
     attn = EntmaxAttention(64, num_heads=4).eval()
     x = torch.randn(2, 9, 64)

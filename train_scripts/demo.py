@@ -25,9 +25,10 @@ import timm
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.efficiency import format_table
 from timm_recursive.data import create_dataset_transform, resolve_dataset
-from timm_recursive.efficiency import build_reports
+from timm_recursive.analysis.efficiency import build_reports
 from timm_recursive.hub import HUB_ORG, export_run
-from timm_recursive.train import StepOutputs, collate_classification, evaluate_steps, run_dir_for
+from timm_recursive.train import StepOutputs, collate_classification, evaluate_steps
+from timm_recursive.runs import run_dir_for
 
 TARGET = 95.0
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -87,7 +88,7 @@ def main() -> int:
     print(f'labels: {batch["label"].tolist()}')
     show_steps(model, batch['pixel_values'])
 
-    print('\n== 4. Efficiency (python -m timm_recursive.efficiency ...) ==')
+    print('\n== 4. Efficiency (timm-recursive efficiency ...) ==')
     for specs in (['recursive_sa_mlp_tiny:num_steps=8', 'recursive_dsa_moe_tiny:num_steps=8'],
                   ['recursive_sa_mlp_cifar', 'recursive_dsa_moe_cifar']):
         print(format_table(build_reports(specs)) + '\n')

@@ -7,13 +7,15 @@ full recursion (``run.sh --save`` runs it)."""
 import argparse
 import json
 import pathlib
+import sys
 
 import matplotlib
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 
-from timm_recursive.analysis.generated_markdown import import_file  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository's tools/
+from tools.generated_markdown import import_file  # noqa: E402
 
 STUDY = pathlib.Path(__file__).resolve().parent
 RESULTS = STUDY / 'results'

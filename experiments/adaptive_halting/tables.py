@@ -4,7 +4,7 @@ import pathlib
 from typing import Dict
 
 from timm_recursive.analysis.adaptive_halting import still_running_table, threshold_table
-from timm_recursive.analysis.generated_markdown import markdown_table, pct
+from tools.generated_markdown import markdown_table, pct
 from timm_recursive.hub.cards import public_command, strip_local_paths
 
 CRITERIA = ('confidence', 'change', 'halting')

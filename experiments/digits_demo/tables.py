@@ -3,7 +3,7 @@ import json
 import pathlib
 from typing import Dict
 
-from timm_recursive.analysis.generated_markdown import markdown_table, pct
+from tools.generated_markdown import markdown_table, pct
 
 
 def tables(results: pathlib.Path) -> Dict[str, str]:

@@ -17,8 +17,8 @@ import os
 import sys
 import time
 
-from timm_recursive.analysis.command import checkout_commit
-from timm_recursive.train.files import write_json_atomic
+from timm_recursive.runs import checkout_commit
+from timm_recursive.runs.files import write_json_atomic
 
 
 PROBES = ('linear', 'segment', 'segment_cls', 'depth_cls')

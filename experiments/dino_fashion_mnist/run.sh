@@ -57,8 +57,8 @@ wait
 
 compare=()
 for variant in "${variants[@]}"; do compare+=("$variant=$out/$variant/model"); done
-$py -m timm_recursive.analysis.attention_maps --compare "${compare[@]}" --dataset "$out/canvases" --num-images 4 \
+$py -m timm_recursive.cli attention-maps --compare "${compare[@]}" --dataset "$out/canvases" --num-images 4 \
     --img-size 56 --out "$out"
-$py -m timm_recursive.analysis.point_in_box --compare "${compare[@]}" --dataset "$out/canvases" --num-images 64 \
+$py -m timm_recursive.cli point-in-box --compare "${compare[@]}" --dataset "$out/canvases" --num-images 64 \
     --img-size 56 --out "$out"
 $py experiments/dino_fashion_mnist/collect.py "$out"

@@ -4,7 +4,7 @@ import json
 import pathlib
 from typing import Dict, List, Optional
 
-from timm_recursive.analysis.generated_markdown import markdown_table, pct
+from tools.generated_markdown import markdown_table, pct
 
 
 def _model(variant: Dict) -> str:

@@ -1,7 +1,7 @@
 """The FashionMNIST baselines' tables, generated from ``results/`` (never typed by hand).
 
 ``results/<epochs>_epochs/<model>/`` holds what was kept of one run of ``train.sh``: ``trace.json``
-(``python -m timm_recursive.report`` on the run's exported model) and, once copied there from the run
+(``timm-recursive report`` on the run's exported model) and, once copied there from the run
 folder, its training record ``summary.json`` (last epoch: no selection on the test split), which the
 per-step table then prefers.
 """
@@ -9,7 +9,7 @@ import json
 import pathlib
 from typing import Dict, List, Optional
 
-from timm_recursive.analysis.generated_markdown import markdown_table
+from tools.generated_markdown import markdown_table
 
 MODELS = (('recursive_dsa_moe_tiny', 'DSA-MoE'), ('recursive_sa_moe_tiny', 'SA-MoE'),
           ('recursive_sa_mlp_tiny', 'SA-MLP'))

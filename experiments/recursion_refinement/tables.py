@@ -5,7 +5,7 @@ kept of that run, any of
 
 - ``summary.json``, ``metrics.jsonl``, ``args.json``: the training record (last epoch: no selection
   on the test split);
-- ``report/trace.json``: ``python -m timm_recursive.report`` on the run's exported model;
+- ``report/trace.json``: ``timm-recursive report`` on the run's exported model;
 - ``summary_probe.json``, ``interventions.json``: the two analysis commands on the exported model.
 
 Each table takes a run's per-step top-1 from the first of these that exists. A row whose run has
@@ -16,7 +16,7 @@ import pathlib
 import statistics
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from timm_recursive.analysis.generated_markdown import markdown_table, pct
+from tools.generated_markdown import markdown_table, pct
 from timm_recursive.analysis.recursion_interventions import comparison_table
 from timm_recursive.analysis.recursion_trace import paired_gain
 from timm_recursive.layers.sparse_attention import sparse_attention_sparsity

@@ -16,7 +16,7 @@ py="${PYTHON:-$root/.venv/bin/python}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$root/.cache/torch_extensions}"
 
 declare -A commands=(
-    [efficiency]="-m timm_recursive.efficiency recursive_sa_mlp_cifar recursive_sa_moe_cifar recursive_dsa_moe_cifar recursive_dsa_moe_cifar:topk=2 --json"
+    [efficiency]="-m timm_recursive.cli efficiency recursive_sa_mlp_cifar recursive_sa_moe_cifar recursive_dsa_moe_cifar recursive_dsa_moe_cifar:topk=2 --json"
     [entmax_speed]="benchmarks/entmax_speed.py --json --repeats 7"
     [entmax_speed_1thread]="benchmarks/entmax_speed.py --json --repeats 7 --threads 1"
     [recursive_train_speed]="benchmarks/recursive_train_speed.py --json --batch-size 64 --repeats 3 --warmup 1 --models recursive_sa_mlp_cifar recursive_sa_moe_cifar recursive_dsa_moe_cifar recursive_sa_mlp_cifar:grad_window=0 recursive_dsa_moe_cifar:grad_window=0"

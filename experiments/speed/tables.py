@@ -7,7 +7,7 @@ import json
 import pathlib
 from typing import Dict, List, Tuple
 
-from timm_recursive.analysis.generated_markdown import markdown_table
+from tools.generated_markdown import markdown_table
 
 BENCHMARKS = ('efficiency', 'entmax_speed', 'entmax_speed_1thread', 'recursive_train_speed',
               'recursive_train_speed_b128', 'recursive_train_speed_b256', 'layer_floor', 'token_fusion_cost',

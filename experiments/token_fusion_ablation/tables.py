@@ -8,7 +8,7 @@ import json
 import pathlib
 from typing import Dict, List, Optional, Tuple
 
-from timm_recursive.analysis.generated_markdown import markdown_table, pct
+from tools.generated_markdown import markdown_table, pct
 
 
 def parse_cell(name: str) -> Tuple[str, Dict[str, str]]:
@@ -22,7 +22,7 @@ def _top1(cell: Optional[Dict]) -> str:
 
 
 BUDGET = 'budget_deit_s.json'
-BUDGET_COMMAND = ('python -m timm_recursive.analysis.token_fusion_cost --budget-gmacs 3.0 --fused-tokens 2 4 '
+BUDGET_COMMAND = ('timm-recursive token-fusion-cost --budget-gmacs 3.0 --fused-tokens 2 4 '
                   f'> results/{BUDGET}')
 
 

@@ -18,22 +18,15 @@ image stops at its own step; halted images leave the batch), on the first evalua
 ``matching`` names the cheapest threshold (fewest multiply-adds) whose accuracy is at least the
 full recursion's, with its MAC and images/s ratios.
 
-``python -m timm_recursive.analysis.adaptive_halting --checkpoint RUN --dataset fashion_mnist --eval-samples 5000 --criterion confidence --thresholds 0.5 0.9 0.99 [--markdown]``
 prints the result as JSON (with the date, commit, machine and wall time, and for a training state
 folder ``RUN/checkpoints/epochN`` its epoch and the run's planned epochs), or a markdown table.
+
+Command: ``timm-recursive adaptive-halting`` (``timm_recursive.cli.adaptive_halting``).
 """
-import argparse
-import datetime
-import json
-import os
-import platform
 import statistics
-import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
-
-from .command import checkout_commit
 
 __all__ = ['fixed_step_predictions', 'adaptive_predictions', 'still_running', 'halting_study', 'threshold_table',
            'still_running_table', 'add_halting_arguments', 'check_halting_arguments', 'measure_halting',
@@ -160,7 +153,7 @@ def halting_study(
 
 def threshold_table(result: Dict[str, object]) -> str:
     """Markdown: one row per threshold, then the fixed readouts it is compared with."""
-    from timm_recursive.analysis.generated_markdown import markdown_table, pct
+    from tools.generated_markdown import markdown_table, pct
     compared = [s for s in COMPARED_STEPS if s <= result['num_steps']]
     header = ['halting', 'top-1 (%)', *[f'vs step {s} (points, 95% CI)' for s in compared], 'mean steps',
               'median', 'max', 'MMACs / image', 'MACs vs full', 'images/s', 'speed vs full']
@@ -184,117 +177,9 @@ def threshold_table(result: Dict[str, object]) -> str:
 
 def still_running_table(result: Dict[str, object], threshold: float) -> str:
     """Markdown: for one threshold, per step, the images still running and their accuracy at step 1 and there."""
-    from timm_recursive.analysis.generated_markdown import markdown_table, pct
+    from tools.generated_markdown import markdown_table, pct
     row = next(r for r in result['thresholds'] if r['threshold'] == threshold)
     rows = [[s['step'], s['images'], pct(s['top1_step1']), pct(s['top1']), f"{s['top1'] - s['top1_step1']:+.2f}"]
             for s in row['still_running']]
     return markdown_table(['step t', 'images still running', 'their top-1 at step 1 (%)', 'their top-1 at step t (%)',
                            'difference (points)'], rows)
-
-
-def halting_threshold(text: str) -> float:
-    """argparse type: a halting threshold in (0, 1]."""
-    from timm_recursive.layers.adaptive_halting import check_threshold
-    try:
-        return check_threshold(float(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def add_halting_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options with which ``timm-recursive-evaluate`` and ``timm_recursive.report`` measure adaptive halting."""
-    from timm_recursive.models.recursive_classifier import HALTING_CRITERIA
-    from timm_recursive.train.run import positive_int
-    g = parser.add_argument_group('adaptive halting', 'recursive models: measure forward_adaptive per threshold '
-                                  '(accuracy, steps per image, multiply-adds per image, images/s against 16 fixed steps)')
-    g.add_argument('--halting-thresholds', type=halting_threshold, nargs='+', default=None, metavar='T',
-                   help='halting thresholds in (0, 1] to measure (default: none)')
-    g.add_argument('--halting-criterion', default='confidence', choices=HALTING_CRITERIA,
-                   help="forward_adaptive's criterion ('halting' needs a model trained with a halting head)")
-    g.add_argument('--halting-timing-images', type=positive_int, default=1000, help='first images timed')
-    g.add_argument('--halting-repeats', type=positive_int, default=3, help='interleaved timing repeats (median)')
-
-
-def check_halting_arguments(model, args) -> None:
-    """A ValueError, before anything is measured, when ``model`` cannot halt as ``args`` ask."""
-    if not args.halting_thresholds:
-        return
-    if not hasattr(model, 'check_adaptive_arguments'):
-        raise ValueError(f'--halting-thresholds needs a recursive classifier, not {type(model).__name__}')
-    for threshold in args.halting_thresholds:
-        model.check_adaptive_arguments(args.halting_criterion, threshold, None)
-
-
-def measure_halting(model, loader, args, device='cpu') -> Dict[str, object]:
-    """``halting_study`` over the batches of ``loader``, timed on its first ``args.halting_timing_images``."""
-    batches = [{key: batch[key].to(device) for key in ('pixel_values', 'label')} for batch in loader]
-    timing, timed = [], 0
-    for batch in batches:
-        if timed >= args.halting_timing_images:
-            break
-        timing.append(batch)
-        timed += len(batch['label'])
-    return halting_study(model, batches, args.halting_criterion, args.halting_thresholds, timing, args.halting_repeats)
-
-
-def _training_progress(checkpoint: Optional[str]) -> Dict[str, Optional[int]]:
-    """Epochs trained into a training state folder (``checkpoints/epochN``) and the run's planned epochs."""
-    def read(*parts):
-        path = os.path.join(checkpoint, *parts)
-        if not os.path.isfile(path):
-            return None
-        with open(path) as f:
-            return json.load(f)
-
-    if not checkpoint or not os.path.isdir(checkpoint):
-        return {'checkpoint_epoch': None, 'run_epochs': None}
-    state, run_args = read('trainer_state.json'), read(os.pardir, os.pardir, 'args.json')
-    return {'checkpoint_epoch': state and state.get('epoch'), 'run_epochs': run_args and run_args.get('epochs')}
-
-
-def main(argv=None) -> int:
-    import timm_recursive  # noqa: F401 (registers the models)
-    from timm_recursive.analysis.command import print_measurement
-    from timm_recursive.analysis.images import labelled_batches
-    from timm_recursive.data import create_dataset_transform, resolve_dataset
-    from timm_recursive.models.recursive_classifier import HALTING_CRITERIA
-    from timm_recursive.train import add_model_arguments, model_from_arguments
-    from timm_recursive.train.run import positive_int
-
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
-    add_model_arguments(p)
-    p.add_argument('--dataset', default='fashion_mnist')
-    p.add_argument('--eval-samples', type=positive_int, default=5000, help='first evaluation images measured')
-    p.add_argument('--criterion', default='confidence', choices=HALTING_CRITERIA)
-    p.add_argument('--thresholds', type=halting_threshold, nargs='+', required=True, help='halting thresholds in (0, 1]')
-    p.add_argument('--batch-size', type=positive_int, default=500)
-    p.add_argument('--timing-images', type=positive_int, default=1000, help='first evaluation images timed')
-    p.add_argument('--repeats', type=positive_int, default=5, help='interleaved timing repeats (median)')
-    p.add_argument('--markdown', action='store_true', help='print a markdown table instead of JSON')
-    args = p.parse_args(argv)
-    if args.checkpoint is None and not args.pretrained:
-        p.error('halting is measured on trained weights: give --checkpoint, or --model with --pretrained')
-
-    started = time.perf_counter()
-
-    def measure():
-        splits = resolve_dataset(args.dataset)
-        model = model_from_arguments(args, splits.num_classes)
-        transform = create_dataset_transform(model, splits, False)
-        batches = labelled_batches(splits.eval, transform, args.eval_samples, args.batch_size)
-        timing = labelled_batches(splits.eval, transform, args.timing_images, args.batch_size)
-        result = halting_study(model, batches, args.criterion, args.thresholds, timing, args.repeats)
-        result['wall_s'] = round(time.perf_counter() - started, 1)
-        return result
-
-    provenance = {
-        'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-        'commit': checkout_commit(),
-        'machine': f'{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}',
-        **_training_progress(args.checkpoint),
-    }
-    return print_measurement(args, measure, threshold_table, **provenance)
-
-
-if __name__ == '__main__':
-    raise SystemExit(main())

@@ -13,21 +13,28 @@ allocated), following the source's analysis:
   crossover step, the first step where DSA attends to fewer keys than exist.
 
 ``forward_macs`` counts a whole forward pass for one image, or one stopped after fewer steps;
+``build_reports`` makes the table of several models by name (``name:key=value,...``) against the first;
 ``adaptive_macs`` counts each image of an adaptive forward (``forward_adaptive``) at its own number
 of steps, so its attention at its own sequence lengths (and DSA sparsity); tests check both against
 ``torch.utils.flop_counter.FlopCounterMode``.
 """
+import ast
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from torch import nn
+import timm
 from timm.layers import Attention
+from torch import nn
 
-from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts, sparse_attention_sparsity
+from timm_recursive.layers import (
+    DynamicSparseAttention,
+    MixtureOfExperts,
+    sparse_attention_sparsity,
+)
 from timm_recursive.models import RecursiveBlock, RecursiveClassifier
 
 __all__ = [
     'block_macs_per_token', 'mixing_macs_per_token', 'active_params', 'forward_macs', 'adaptive_macs',
-    'efficiency_report',
+    'efficiency_report', 'parse_model_spec', 'build_reports',
 ]
 
 
@@ -179,3 +186,33 @@ def format_table(reports: Dict[str, Dict]) -> str:
             steps = ' '.join(f'{s:.2f}' for s in r['sparsity_per_step'])
             lines.append(f'{name} sparsity per step (L_t = t + 2, k = {r["topk"]}): {steps}')
     return '\n'.join(lines)
+
+
+def parse_model_spec(spec: str):
+    """``name[:key=value,...]`` to (name, kwargs); values are Python literals or plain strings."""
+    name, _, args = spec.partition(':')
+    kwargs = {}
+    for item in filter(None, args.split(',')):
+        key, sep, value = item.partition('=')
+        if not sep:
+            raise ValueError(f'bad model argument {item!r} in {spec!r}: expected key=value')
+        try:
+            kwargs[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            kwargs[key] = value
+    return name, kwargs
+
+
+def build_reports(specs: List[str]) -> Dict[str, Dict]:
+    reports: Dict[str, Dict] = {}
+    baseline: Optional[Dict] = None
+    for spec in specs:
+        name, kwargs = parse_model_spec(spec)
+        if name not in timm.list_models():
+            raise ValueError(f'unknown model {name!r}; recursive models: {", ".join(timm.list_models("recursive_*"))}')
+        model = timm.create_model(name, device='meta', **kwargs)
+        if not isinstance(model, RecursiveClassifier):
+            raise ValueError(f'{name!r} is not a recursive classifier; the efficiency table covers recursive_* models')
+        reports[spec] = efficiency_report(model, baseline)
+        baseline = baseline or reports[spec]
+    return reports

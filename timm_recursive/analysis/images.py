@@ -43,6 +43,7 @@ def dataset_images(name: str, count: int, config: Dict) -> torch.Tensor:
     """The first ``count`` images of the ``eval_split`` of dataset ``name``, transformed for a model with data
     config ``config``."""
     from timm.data import create_transform
+
     from timm_recursive.data import image_mode, to_pil
     rows, column, _ = eval_split(name)
     transform = create_transform(**config)

@@ -15,11 +15,11 @@ uniformly over the patches scores the chance level |b(q)| / number of patches (b
 averaged over the same queries; a query with no mass on any patch (entmax can do that) is left out of
 both and counted (``queries_without_patch_attention``).
 
-The boxes come from the canvases of ``timm-recursive-probe compose`` (``timm_recursive.probing.compose_canvases``:
+The boxes come from the canvases of ``timm-recursive-probe compose`` (``timm_recursive.analysis.probing.compose_canvases``:
 ``grid`` x ``grid`` tiles of one image each): the bounding box of a tile's foreground pixels
 (``--box foreground``, the default) or the whole tile (``--box tile``).
 
-    python -m timm_recursive.analysis.point_in_box --compare softmax=CKPT entmax=CKPT reg4=CKPT \\
+    timm-recursive point-in-box --compare softmax=CKPT entmax=CKPT reg4=CKPT \\
         --dataset data/fm_canvases --out figures/pib
 
 ``--dataset`` is a folder of compose canvases (columns ``image`` and ``mask``; pass the ``--grid`` they were
@@ -27,7 +27,6 @@ composed with) or a classification dataset, whose eval images are composed into 
 (``--grid``, ``--threshold``, ``--seed``). It writes ``point_in_box.json`` (per backbone and block: ``pib``,
 ``chance``, ``patch_mass``) and ``point_in_box.png`` (one line per backbone, its chance level dashed).
 """
-import argparse
 import os
 from typing import Dict, Iterable, List, Sequence, Tuple
 
@@ -35,8 +34,6 @@ import numpy as np
 import torch
 from timm.layers import Attention
 from torch import nn
-
-from timm_recursive.train.files import write_json_atomic
 
 from .attention_maps import capture_attention
 
@@ -163,8 +160,8 @@ def write_plot(results: Dict[str, Dict], path: str) -> None:
 def load_canvases(name: str, count: int, grid: int, threshold: int, seed: int) -> Tuple[list, np.ndarray, str]:
     """(the first ``count`` canvases, their masks (n, H, W), where they come from) of a folder of compose
     canvases (a ``mask`` column), or composed from the eval images of a classification dataset."""
+    from timm_recursive.analysis.probing import compose_canvases
     from timm_recursive.data import DatasetError, to_mask_array, to_pil
-    from timm_recursive.probing import compose_canvases
 
     from .images import eval_split
     rows, column, source = eval_split(name)
@@ -183,80 +180,3 @@ def load_canvases(name: str, count: int, grid: int, threshold: int, seed: int) -
 DEFINITION = ('per block, the mean over patch tokens whose centre lies in an object box of the head-averaged '
               'attention on patch tokens (prefix tokens left out, rows renormalised) that lands on patches of '
               'the same box; chance: box area / grid area over the same tokens')
-
-
-def measure(args, checkpoints: Dict[str, str]) -> Dict:
-    """The ``point_in_box`` of every backbone on the same canvases, as written to ``point_in_box.json``."""
-    from timm.data import create_transform
-    from timm_recursive.data import image_mode, resolve_model_data_config, to_pil
-    from timm_recursive.train import create_model_from_checkpoint
-
-    models = {name: create_model_from_checkpoint(checkpoint, num_classes=0).eval()
-              for name, checkpoint in checkpoints.items()}
-    canvases, masks, source = load_canvases(args.dataset, args.num_images, args.grid, args.threshold, args.seed)
-    if masks.shape[1] != masks.shape[2]:
-        raise ValueError(f'canvases of {masks.shape[1]}x{masks.shape[2]} pixels: square canvases only')
-    boxes = compose_boxes(masks, args.grid, args.box)
-    config = resolve_model_data_config(next(iter(models.values())))
-    img_size = args.img_size or config['input_size'][-1]
-    # crop_pct 1: the whole (square) canvas resized, so the boxes keep their place
-    config.update(input_size=(config['input_size'][0], img_size, img_size), crop_pct=1.0)
-    transform = create_transform(**config)
-    images = torch.stack([transform(to_pil(canvas, image_mode(config))) for canvas in canvases])
-    backbones = {}
-    for name, model in models.items():
-        if img_size != model.patch_embed.img_size[0] and not getattr(model, 'dynamic_img_size', False):
-            model.set_input_size(img_size=(img_size, img_size))  # interpolates the position embedding
-        box_ids = patch_box_ids(boxes, masks.shape[1:], model.patch_embed.dynamic_feat_size((img_size, img_size)))
-        batches = ((images[i:i + args.batch_size], box_ids[i:i + args.batch_size])
-                   for i in range(0, len(images), args.batch_size))
-        backbones[name] = {'checkpoint': checkpoints[name], 'architecture': model.pretrained_cfg.get('architecture'),
-                           'num_prefix_tokens': model.num_prefix_tokens, **point_in_box(model, batches)}
-    return {'dataset': args.dataset, 'source': source, 'canvases': len(canvases), 'grid': args.grid, 'box': args.box,
-            'img_size': img_size, 'definition': DEFINITION, 'backbones': backbones}
-
-
-def main(argv=None) -> int:
-    import timm_recursive  # noqa: F401  registers the models
-    from timm_recursive.train.run import positive_int
-
-    from .command import status_of
-    parser = argparse.ArgumentParser(description='Point-in-Box: per block, the share of patch attention inside '
-                                                 'the object box of the patch, for several ViT backbones')
-    parser.add_argument('--compare', nargs='+', required=True, metavar='NAME=CHECKPOINT',
-                        help='backbones (exported folders, run folders), as they are')
-    parser.add_argument('--dataset', required=True,
-                        help='a folder of compose canvases (image, mask) or a classification dataset to compose')
-    parser.add_argument('--out', required=True, help='folder for point_in_box.json and point_in_box.png')
-    parser.add_argument('--num-images', type=positive_int, default=64, help='canvases measured')
-    parser.add_argument('--grid', type=positive_int, default=2, help='tiles per canvas side')
-    parser.add_argument('--box', choices=('foreground', 'tile'), default='foreground',
-                        help="a tile's box: its foreground's bounding box, or the tile")
-    parser.add_argument('--threshold', type=int, default=32, help='composing: foreground pixels are brighter')
-    parser.add_argument('--seed', type=int, default=0, help='composing: which images go where')
-    parser.add_argument('--img-size', type=positive_int, default=None, help='square input size')
-    parser.add_argument('--batch-size', type=positive_int, default=16)
-    args = parser.parse_args(argv)
-    checkpoints = {}
-    for spec in args.compare:
-        name, sep, checkpoint = spec.partition('=')
-        if not sep or not name or name in checkpoints:
-            parser.error(f'--compare takes distinct NAME=CHECKPOINT, got {spec!r}')
-        checkpoints[name] = checkpoint
-
-    def run() -> int:
-        result = measure(args, checkpoints)
-        for name, backbone in result['backbones'].items():
-            for block, (pib, chance) in enumerate(zip(backbone['pib'], backbone['chance'])):
-                print(f'{name} block {block:2d}: PiB {pib:.3f} (chance {chance:.3f})')
-        os.makedirs(args.out, exist_ok=True)
-        write_json_atomic(os.path.join(args.out, 'point_in_box.json'), result)
-        write_plot(result['backbones'], os.path.join(args.out, 'point_in_box.png'))
-        print(f'wrote {args.out}/point_in_box.json and point_in_box.png')
-        return 0
-
-    return status_of(run)
-
-
-if __name__ == '__main__':
-    raise SystemExit(main())

@@ -14,18 +14,21 @@ sets how far back through the history each step's loss reaches.
 * ``step_grad_norm[t]``: the norm of the gradient of step t's loss alone over all parameters, the
   figure that grows with the number of gradient paths through the history (``grad_window``).
 
-``python -m timm_recursive.analysis.recursion_gradients --model recursive_dsa_moe_tiny --windows 0 1 2 16``
 prints both for each window as JSON (random weights, or a trained run with ``--checkpoint``), on a
 batch of the dataset's evaluation split.
+
+Command: ``timm-recursive recursion-gradients`` (``timm_recursive.cli.recursion_gradients``).
 """
-import argparse
 from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from timm_recursive.models.recursive_classifier import NEW_LATENT_SLOT, RecursiveClassifier
+from timm_recursive.models.recursive_classifier import (
+    NEW_LATENT_SLOT,
+    RecursiveClassifier,
+)
 
 __all__ = ['latent_gradients']
 
@@ -58,43 +61,6 @@ def latent_gradients(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
     return {'latent_grad': latent_grad, 'step_grad_norm': step_grad_norm}
 
 
-def main(argv=None) -> int:
-    import timm_recursive  # noqa: F401 (registers the models)
-    from timm_recursive.analysis.command import print_measurement
-    from timm_recursive.analysis.images import labelled_batches
-    from timm_recursive.data import create_dataset_transform, resolve_dataset
-    from timm_recursive.train import add_model_arguments, model_from_arguments
-
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
-    add_model_arguments(p)
-    p.add_argument('--dataset', default='fashion_mnist')
-    p.add_argument('--windows', type=int, nargs='+', default=[0, 1, 2, 16],
-                   help='grad_window values (>= num_steps - 1: the whole history)')
-    p.add_argument('--batch-size', type=int, default=64, help='images of the evaluation split')
-    p.add_argument('--seed', type=int, default=0, help='seed of the random weights (without --checkpoint)')
-    p.add_argument('--markdown', action='store_true', help='print a markdown table instead of JSON')
-    args = p.parse_args(argv)
-    if args.model is None and args.checkpoint is None:
-        p.error('give --model and/or --checkpoint')
-    base_kwargs = dict(args.model_kwargs)
-
-    def measure():
-        results = {}
-        splits = resolve_dataset(args.dataset)
-        batch = None
-        for window in args.windows:
-            torch.manual_seed(args.seed)
-            args.model_kwargs = dict(base_kwargs, grad_window=window)
-            model = model_from_arguments(args, splits.num_classes).train()
-            if batch is None:  # the same images for every window (the window changes no transform)
-                batch = labelled_batches(splits.eval, create_dataset_transform(model, splits, False), args.batch_size,
-                                         batch_size=args.batch_size)[0]
-            results[str(window)] = latent_gradients(model, batch['pixel_values'], batch['label'])
-        return {'windows': results}
-
-    return print_measurement(args, measure, lambda result: markdown_table(result['windows']), model_kwargs=base_kwargs)
-
-
 def markdown_table(results: Dict[str, Dict[str, List[float]]]) -> str:
     """One row per window: gradient at the first, middle and last written latent; per-step norms."""
     lines = ['| `grad_window` | latents with zero gradient | grad at z_1 | grad at z_mid | grad at z_last | '
@@ -105,7 +71,3 @@ def markdown_table(results: Dict[str, Dict[str, List[float]]]) -> str:
         lines.append(f'| {window} | {zero} of {len(latent)} | {latent[0]:.3g} | {latent[len(latent) // 2]:.3g} | '
                      f'{latent[-1]:.3g} | {min(norms):.3g} - {max(norms):.3g} |')
     return '\n'.join(lines)
-
-
-if __name__ == '__main__':
-    raise SystemExit(main())

@@ -21,20 +21,23 @@ with different labels). A role whose replacement changes nothing carries nothing
 recursion whose history is ignored cannot accumulate, and one whose hypothesis is ignored cannot
 revise it.
 
-``python -m timm_recursive.analysis.recursion_interventions --checkpoint RUN --dataset fashion_mnist --eval-samples 5000 [--markdown]``
 prints one model's result (JSON, or a markdown table); ``--compare OUTPUT.json ...`` sets several saved
 JSON outputs side by side, one row per model.
+
+Command: ``timm-recursive recursion-interventions`` (``timm_recursive.cli.recursion_interventions``).
 """
-import argparse
-import json
-import sys
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
 from timm_recursive.models.recursive_classifier import (
-    HISTORY, HYPOTHESIS, ROLE_SLOTS, RecursiveClassifier, step_of_length)
+    HISTORY,
+    HYPOTHESIS,
+    ROLE_SLOTS,
+    RecursiveClassifier,
+    step_of_length,
+)
 
 __all__ = ['INTERVENTIONS', 'edited_step_logits', 'recursion_interventions']
 
@@ -177,56 +180,3 @@ def comparison_table(results: Dict[str, Dict[str, object]]) -> str:
             f'{found["history: other image"]["changed"]:.2f} | {found["history: initial"]["changed"]:.2f} | '
             f'{found["summary: other image"]["changed"]:.2f} / {_percent(found["summary: other image"]["follows"])} |')
     return '\n'.join(lines)
-
-
-def _compare(paths: List[str]) -> int:
-    results = {}
-    for path in paths:
-        try:
-            with open(path) as f:
-                result = json.load(f)
-        except (OSError, ValueError) as e:
-            print(f'error: cannot read {path}: {e}', file=sys.stderr)
-            return 2
-        if not isinstance(result, dict) or not {'step_top1', 'interventions'} <= set(result):
-            print(f'error: {path} is not a saved JSON output of this command', file=sys.stderr)
-            return 2
-        results[result.get('checkpoint') or result.get('model') or path] = result
-    print(comparison_table(results))
-    return 0
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    import timm_recursive  # noqa: F401 (registers the models)
-    from timm_recursive.analysis.command import print_measurement
-    from timm_recursive.analysis.images import labelled_batches
-    from timm_recursive.data import create_dataset_transform, resolve_dataset
-    from timm_recursive.train import add_model_arguments, model_from_arguments
-
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
-    add_model_arguments(p)
-    p.add_argument('--dataset', default='fashion_mnist')
-    p.add_argument('--eval-samples', type=int, default=5000, help='first evaluation images')
-    p.add_argument('--seed', type=int, default=0, help='seed of the random wrong classes')
-    p.add_argument('--markdown', action='store_true', help='print a markdown table instead of JSON')
-    p.add_argument('--compare', nargs='+', metavar='OUTPUT_JSON', default=None,
-                   help="saved JSON outputs of this command: print them side by side (runs no model)")
-    args = p.parse_args(argv)
-    if args.compare:
-        return _compare(args.compare)
-    if args.checkpoint is None and not args.pretrained:
-        p.error('interventions need trained weights: give --checkpoint, or --model with --pretrained')
-    if args.eval_samples < 2:
-        p.error('--eval-samples must be at least 2')
-
-    def measure():
-        splits = resolve_dataset(args.dataset)
-        model = model_from_arguments(args, splits.num_classes)
-        batches = labelled_batches(splits.eval, create_dataset_transform(model, splits, False), args.eval_samples)
-        return recursion_interventions(model, batches, seed=args.seed)
-
-    return print_measurement(args, measure, markdown_table)
-
-
-if __name__ == '__main__':
-    raise SystemExit(main())

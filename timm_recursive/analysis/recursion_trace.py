@@ -35,9 +35,19 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts, attention_map, sparse_attention_sparsity
+from timm_recursive.layers import (
+    DynamicSparseAttention,
+    MixtureOfExperts,
+    attention_map,
+    sparse_attention_sparsity,
+)
 from timm_recursive.models.recursive_classifier import (
-    ROLES, RecursiveClassifier, sequence_length, step_of_length, token_roles)
+    ROLES,
+    RecursiveClassifier,
+    sequence_length,
+    step_of_length,
+    token_roles,
+)
 
 __all__ = ['RecursionTrace', 'RecursionTracer', 'paired_gain']
 
@@ -81,7 +91,7 @@ class RecursionTrace:
     first_to_last: Optional[List[float]] = None  # [corrected, regressed] from step 1 to step T (with labels)
 
     def save(self, path: str) -> None:
-        from timm_recursive.train import write_json_atomic
+        from timm_recursive.runs import write_json_atomic
         write_json_atomic(path, dataclasses.asdict(self))
 
     @classmethod

@@ -15,10 +15,10 @@ extra computation over it, more steps or deeper steps, has nothing to add that o
 lacks, and a recursion over it can only match its first step. A model below its linear probe at
 every step is underfit in its readout, not short of steps.
 
-``python -m timm_recursive.analysis.summary_probe --checkpoint RUN --dataset fashion_mnist --train-samples 6000 --eval-samples 5000 [--markdown]``
 prints the result (JSON, or a markdown table).
+
+Command: ``timm-recursive summary-probe`` (``timm_recursive.cli.summary_probe``).
 """
-import argparse
 from typing import Dict
 
 import numpy as np
@@ -79,38 +79,3 @@ def markdown_table(rows: Dict[str, Dict[str, object]]) -> str:
         lines.append(f'| {name} | {r["step_top1"][0]:.2f} | {r["step_top1"][-1]:.2f} | '
                      f'{r["linear_probe_top1"]:.2f} | {r["mlp_probe_top1"]:.2f} |')
     return '\n'.join(lines)
-
-
-def main(argv=None) -> int:
-    import timm_recursive  # noqa: F401 (registers the models)
-    from timm_recursive.analysis.command import print_measurement
-    from timm_recursive.analysis.images import labelled_batches
-    from timm_recursive.data import create_dataset_transform, resolve_dataset
-    from timm_recursive.train import add_model_arguments, model_from_arguments
-    from timm_recursive.train.run import positive_int
-
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
-    add_model_arguments(p)
-    p.add_argument('--dataset', default='fashion_mnist')
-    p.add_argument('--train-samples', type=positive_int, default=6000, help='first training images the probes are fitted on')
-    p.add_argument('--eval-samples', type=positive_int, default=5000,
-                   help='first evaluation images they are scored on')
-    p.add_argument('--seed', type=int, default=0, help="seed of the MLP probe's initialisation")
-    p.add_argument('--markdown', action='store_true', help='print a markdown table instead of JSON')
-    args = p.parse_args(argv)
-    if args.checkpoint is None and not args.pretrained:
-        p.error('probes need trained weights: give --checkpoint, or --model with --pretrained')
-
-    def measure():
-        splits = resolve_dataset(args.dataset)
-        model = model_from_arguments(args, splits.num_classes)
-        transform = create_dataset_transform(model, splits, False)
-        train = labelled_batches(splits.train, transform, args.train_samples)
-        test = labelled_batches(splits.eval, transform, args.eval_samples)
-        return summary_probe(model, train, test, seed=args.seed)
-
-    return print_measurement(args, measure, lambda result: markdown_table({args.checkpoint or args.model: result}))
-
-
-if __name__ == '__main__':
-    raise SystemExit(main())

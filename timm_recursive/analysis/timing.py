@@ -4,20 +4,16 @@ The cases run one after the other inside every repeat, so they share the machine
 load, clocks, caches); the median over repeats then compares them fairly on a noisy shared CPU.
 On CUDA every call is timed to the end of the work it queued (the device is synchronised around it).
 Precision is ``fp32`` or ``bf16``: bf16 runs the forward under ``torch.autocast`` (``autocast``).
-``benchmark_main`` is the shared command line of the scripts in ``benchmarks/``.
+The benchmarks' shared command line and training step are repository tooling (``tools/benchmarking.py``).
 """
-import argparse
-import json
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-__all__ = ['PRECISIONS', 'autocast', 'time_interleaved', 'median_seconds', 'inference_speed', 'recursive_train_step',
-           'benchmark_main']
+__all__ = ['PRECISIONS', 'autocast', 'time_interleaved', 'median_seconds', 'inference_speed']
 
 PRECISIONS = ('fp32', 'bf16')
 
@@ -70,31 +66,3 @@ def inference_speed(models: Dict[str, nn.Module], images: torch.Tensor, baseline
 
     seconds = median_seconds({name: infer(m) for name, m in models.items()}, repeats)
     return {name: {'images_per_s': len(images) / s, 'speedup': seconds[baseline] / s} for name, s in seconds.items()}
-
-
-def recursive_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
-                         labels: torch.Tensor, aux_weight: float, precision: str = 'fp32') -> None:
-    """One training step of a recursive model as the speed benchmarks time it: the forward over every
-    recursion step, cross-entropy on every step's logits plus ``aux_weight`` x the MoE auxiliary loss
-    (at ``precision``), the backward and the optimizer update."""
-    with autocast(images.device, precision):
-        step_logits, aux = model.forward_steps(images)
-        num_steps = step_logits.shape[0]
-        loss = F.cross_entropy(step_logits.flatten(0, 1), labels.repeat(num_steps)) + aux_weight * aux
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-
-
-def benchmark_main(parse_args: Callable[[Optional[Sequence[str]]], argparse.Namespace],
-                   measure: Callable[[argparse.Namespace], dict],
-                   print_table: Callable[[argparse.Namespace, dict], None],
-                   argv: Optional[Sequence[str]] = None) -> None:
-    """A benchmark's ``main``: parse ``argv``, measure, and print the report as one JSON object with ``--json``,
-    else as ``print_table(args, report)``."""
-    args = parse_args(argv)
-    report = measure(args)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_table(args, report)

@@ -10,18 +10,15 @@ O(n^2 d) in the fused tokens). Used by ``benchmarks/token_fusion_cost.py`` and `
 with other token reducers at equal MACs rather than at an equal keep rate (BAT and EViT report DeiT-S at
 about 3.0 GMACs):
 
-    python -m timm_recursive.analysis.token_fusion_cost --model deit_s_tokenfuse --budget-gmacs 3.0 \
+    timm-recursive token-fusion-cost --model deit_s_tokenfuse --budget-gmacs 3.0 \
         --fused-tokens 2 4 > budget.json
 """
-import argparse
-import json
-import sys
 from typing import Callable, Dict
 
 import torch
+from timm.layers import Attention
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
-from timm.layers import Attention
 
 from timm_recursive.layers import clustering_macs, record_token_fusion
 
@@ -72,38 +69,3 @@ def keep_rate_for_budget(build: Callable[[float], nn.Module], image: torch.Tenso
         middle = (low + high) / 2
         low, high = (middle, high) if gmacs(middle) <= budget_gmacs else (low, middle)
     return {'keep_rate': round(low, 6), 'gmacs': counts[low], 'gmacs_above': gmacs(min(1.0, low + tolerance))}
-
-
-def main(argv=None) -> int:
-    import timm
-    import timm_recursive  # noqa: F401  registers the models
-    parser = argparse.ArgumentParser(description='The keep rate of a token fusion model at a MAC budget',
-                                     allow_abbrev=False)
-    parser.add_argument('--model', default='deit_s_tokenfuse')
-    parser.add_argument('--budget-gmacs', type=float, required=True)
-    parser.add_argument('--fused-tokens', type=int, nargs='+', default=[4], help='num_fused_tokens values')
-    parser.add_argument('--tolerance', type=float, default=1e-3, help='keep rate resolution')
-    args = parser.parse_args(argv)
-    if args.budget_gmacs <= 0 or not 0 < args.tolerance < 1:
-        parser.error('--budget-gmacs must be positive and --tolerance in (0, 1)')
-    torch.manual_seed(0)
-    dense = timm.create_model(args.model, keep_rate=1.0).eval()
-    image = torch.randn(1, *dense.pretrained_cfg['input_size'])
-    report = {'model': args.model, 'budget_gmacs': args.budget_gmacs, 'tolerance': args.tolerance,
-              'dense_gmacs': count_gmacs(dense, image)['gmacs'], 'torch': torch.__version__, 'fused_tokens': {}}
-    for fused in args.fused_tokens:
-        def build(keep_rate: float, fused=fused) -> nn.Module:
-            return timm.create_model(args.model, keep_rate=keep_rate, num_fused_tokens=fused)
-        try:
-            found = keep_rate_for_budget(build, image, args.budget_gmacs, args.tolerance)
-        except ValueError as e:
-            print(f'error: num_fused_tokens={fused}: {e}', file=sys.stderr)
-            return 2
-        found['tokens_per_block'] = build(found['keep_rate']).token_counts()
-        report['fused_tokens'][str(fused)] = found
-    print(json.dumps(report, indent=2))
-    return 0
-
-
-if __name__ == '__main__':
-    sys.exit(main())

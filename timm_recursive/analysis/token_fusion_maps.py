@@ -9,13 +9,13 @@ Transformers Eficientes com Importância e Diversidade de Tokens").
 standing for it, whether that token is a fused one and which cluster; plus the kept / fused counts
 and the cluster sizes.
 
-``python -m timm_recursive.analysis.token_fusion_maps --model deit_s_tokenfuse [--pretrained]
 [--keep-rate 0.7] [--images a.jpg ...] --out DIR`` writes ``token_fusion_<i>.png`` per image (the
 image, then one panel per reduction block: kept patches as they are, fused patches tinted by
 cluster, dropped ones black) and ``token_fusion.json``. Any timm ViT name works: token fusion is
 applied to it. Without ``--images`` it uses scikit-learn's two bundled photographs.
+
+Command: ``timm-recursive token-fusion-maps`` (``timm_recursive.cli.token_fusion_maps``).
 """
-import argparse
 import json
 import os
 from typing import Dict, List
@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from timm_recursive.layers import TokenFusionBlock, apply_token_fusion, record_token_fusion, token_sources
+from timm_recursive.layers import TokenFusionBlock, record_token_fusion, token_sources
 
-from .images import denormalise, load_images
+from .images import denormalise
 
 __all__ = ['fusion_stages', 'write_maps']
 
@@ -106,35 +106,3 @@ def write_maps(model: nn.Module, images: torch.Tensor, out: str, config: Dict) -
     with open(os.path.join(out, 'token_fusion.json'), 'w') as f:
         json.dump(summary, f, indent=2)
     return stages
-
-
-def main(argv=None) -> int:
-    import timm
-    import timm_recursive  # noqa: F401
-    from timm.data import resolve_data_config
-
-    parser = argparse.ArgumentParser(description='Which patches a token-fusion ViT keeps and fuses, as PNG maps')
-    parser.add_argument('--model', default='deit_s_tokenfuse', help='model name (any timm ViT gets token fusion)')
-    parser.add_argument('--pretrained', action='store_true')
-    parser.add_argument('--keep-rate', type=float, default=0.7)
-    parser.add_argument('--num-fused-tokens', type=int, default=2)
-    parser.add_argument('--images', nargs='*', default=[],
-                        help="image files (default: scikit-learn's bundled china.jpg and flower.jpg)")
-    parser.add_argument('--out', required=True)
-    args = parser.parse_args(argv)
-
-    model = timm.create_model(args.model, pretrained=args.pretrained)
-    apply_token_fusion(model, keep_rate=args.keep_rate, num_fused_tokens=args.num_fused_tokens)
-    config = resolve_data_config(model=model)
-    stages = write_maps(model.eval(), load_images(args.images, config), args.out, config)
-    for s in stages:
-        print(f'block {s["block"] + 1}: kept {s["num_kept"]}, fused {s["num_fused_inputs"]} tokens into '
-              f'{s["sizes"].shape[1] - s["num_kept"]}')
-    if not args.pretrained:
-        print('note: random weights (no --pretrained): the maps show the mechanics, not what a trained DeiT attends to')
-    print(f'wrote {args.out}/token_fusion_*.png and token_fusion.json')
-    return 0
-
-
-if __name__ == '__main__':
-    raise SystemExit(main())

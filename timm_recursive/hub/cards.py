@@ -11,11 +11,10 @@ import shlex
 import string
 from typing import Dict, List, Optional
 
-from timm_recursive.models._pretrained import PROJECT_URL
-from timm_recursive.train import INSTALL_COMMAND
+from timm_recursive.runs import INSTALL_COMMAND, PROJECT_URL
 
+from .errors import HubError
 from .families import CARD_TEMPLATES, card_family, dataset_name
-from .runs import HubError
 
 __all__ = ['render_model_card', 'base_model_id', 'hub_dataset_id', 'strip_local_paths', 'public_command']
 
@@ -143,7 +142,11 @@ def render_model_card(model, run: Dict, record: Dict, weights_note: str, repo_id
     them). The front matter names the dataset (and carries the ``model-index`` results) only when it
     is a Hub dataset, and the ``base_model`` when the run started from a pretrained checkpoint.
     """
-    from huggingface_hub import EvalResult, ModelCard, ModelCardData  # ModelCard() validates the metadata
+    from huggingface_hub import (  # ModelCard() validates the metadata
+        EvalResult,
+        ModelCard,
+        ModelCardData,
+    )
 
     family = card_family(model)
     with open(os.path.join(CARD_TEMPLATES, family.template)) as f:

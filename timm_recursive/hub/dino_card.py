@@ -7,10 +7,17 @@ import os
 import string
 from typing import Dict
 
-from timm_recursive.models._pretrained import PROJECT_URL
-from timm_recursive.train import INSTALL_COMMAND
+from timm_recursive.runs import INSTALL_COMMAND, PROJECT_URL
 
-from .cards import CITATION, _format_tuple, _table, base_model_id, hub_dataset_id, public_command, strip_local_paths
+from .cards import (
+    CITATION,
+    _format_tuple,
+    _table,
+    base_model_id,
+    hub_dataset_id,
+    public_command,
+    strip_local_paths,
+)
 from .families import CARD_TEMPLATES, dataset_name
 
 __all__ = ['DINO_RECIPE_KEYS', 'render_dino_card']

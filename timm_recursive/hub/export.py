@@ -11,13 +11,23 @@ from typing import Dict, Optional
 
 import torch
 
-from timm_recursive.models._pretrained import HUB_ORG
-from timm_recursive.train import CheckpointError, create_model_from_checkpoint, export_model, replace_dir
+from timm_recursive.runs import (
+    HUB_ORG,
+    CheckpointError,
+    RunRecordError,
+    create_model_from_checkpoint,
+    epoch_record,
+    export_model,
+    is_dino_run,
+    load_run,
+    replace_dir,
+    run_folder,
+)
 
 from .cards import render_model_card
 from .dino_card import render_dino_card
+from .errors import HubError
 from .families import dataset_name
-from .runs import HubError, epoch_record, is_dino_run, load_run, run_folder
 
 __all__ = ['export_run']
 
@@ -60,14 +70,17 @@ def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weight
     defaults to ``HUB_ORG/<arch>.<run folder name>``. ``run_dir`` may be the run's exported ``model/``
     folder; ``weights`` (``best`` or ``last``) defaults to ``best``, ``last`` for a DINO run.
     """
-    run = load_run(run_folder(run_dir))
+    try:
+        run = load_run(run_folder(run_dir))
+    except RunRecordError as e:
+        raise HubError(str(e)) from e
     run_dir = run['dir']
     weights = weights or ('last' if is_dino_run(run) else 'best')
     try:
         model, epoch, note = _weights(run, weights)
-    except CheckpointError as e:
+        record = epoch_record(run, epoch)
+    except (CheckpointError, RunRecordError) as e:
         raise HubError(f'cannot export {run_dir}: {e}') from e
-    record = epoch_record(run, epoch)
     run_name = os.path.basename(os.path.normpath(run_dir))
     repo_id = repo_id or f'{HUB_ORG}/{model.pretrained_cfg["architecture"]}.{run_name}'
     tmp = f'{out_dir}.tmp'

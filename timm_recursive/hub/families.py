@@ -22,10 +22,14 @@ from torch import nn
 
 from timm_recursive.layers import DynamicSparseAttention, TokenFusionBlock
 from timm_recursive.models import (
-    EntmaxVisionTransformer, RecursiveClassifier, TokenFusionVisionTransformer, TokenSpecializedVisionTransformer)
-from timm_recursive.models._pretrained import PROJECT_URL
+    EntmaxVisionTransformer,
+    RecursiveClassifier,
+    TokenFusionVisionTransformer,
+    TokenSpecializedVisionTransformer,
+)
+from timm_recursive.runs import PROJECT_URL
 
-from .runs import HubError
+from .errors import HubError
 
 __all__ = ['CARD_TEMPLATES', 'CardFamily', 'FAMILIES', 'card_family', 'dataset_name']
 
@@ -68,8 +72,11 @@ def _recursive_kind(model: RecursiveClassifier) -> Tuple[str, str]:
 
 
 def _recursive_context(model: RecursiveClassifier, run: Dict, record: Dict) -> Dict[str, str]:
-    from timm_recursive.analysis.efficiency import active_params, format_table
-    from timm_recursive.efficiency import build_reports
+    from timm_recursive.analysis.efficiency import (
+        active_params,
+        build_reports,
+        format_table,
+    )
 
     args = run['args']
     arch = model.pretrained_cfg['architecture']
@@ -111,7 +118,7 @@ def _halting_section(run: Dict, record: Dict) -> str:
     """The card's adaptive-halting figures: the run's ``halting.json`` when it was measured, else how to measure it."""
     from timm_recursive.analysis.adaptive_halting import threshold_table
     path = os.path.join(run['dir'], HALTING_RECORD)
-    command = (f'python -m timm_recursive.analysis.adaptive_halting --checkpoint RUN --dataset {dataset_name(run)} '
+    command = (f'timm-recursive adaptive-halting --checkpoint RUN --dataset {dataset_name(run)} '
                f'--criterion confidence --thresholds 0.5 0.7 0.9 > RUN/{HALTING_RECORD}')
     if not os.path.isfile(path):
         return f'Not measured for this checkpoint; `{command}` measures it and the card then shows it.'
@@ -130,7 +137,7 @@ def _halting_section(run: Dict, record: Dict) -> str:
             f"{match['top1']:.2f}% with {match['mean_steps']:.2f} steps per image on average, "
             f"{match['macs_ratio']:.3f}x the multiply-adds and {match['speedup']:.2f}x the images/s.")
     return (f"Measured on the first {halting['eval_images']} test images with the {halting['criterion']} "
-            f"criterion ({HALTING_RECORD}, by `python -m timm_recursive.analysis.adaptive_halting`); paired "
+            f"criterion ({HALTING_RECORD}, by `timm-recursive adaptive-halting`); paired "
             'differences from the fixed readouts with their 95% intervals, images/s against the full '
             f"recursion in the same run ({halting['machine']}). {best}\n\n{table}")
 

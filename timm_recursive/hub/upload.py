@@ -2,7 +2,7 @@
 import os
 from typing import Optional
 
-from .runs import HubError
+from .errors import HubError
 
 __all__ = ['push_to_hub']
 

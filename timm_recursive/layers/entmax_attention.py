@@ -32,7 +32,7 @@ from .entmax_kernel import kernel_mode
 from .graph_capture import is_graph_capture
 from .entmax_ops import entmax
 
-__all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax']
+__all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax', 'adasplash_kernel', 'uses_adasplash', 'adasplash_attention']
 
 
 @register_notrace_function  # an autograd.Function inside: a leaf for FX
@@ -43,7 +43,8 @@ def attention_probs(scores: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _adasplash() -> Optional[Callable]:
+def adasplash_kernel() -> Optional[Callable]:
+    """adasplash's non-causal entmax attention function, or None when the package is not installed."""
     try:
         import adasplash
     except ImportError:
@@ -53,15 +54,16 @@ def _adasplash() -> Optional[Callable]:
 
 
 @torch.jit.ignore
-def _use_adasplash(q: torch.Tensor) -> bool:
-    return q.is_cuda and kernel_mode() != 'python' and not is_graph_capture() and _adasplash() is not None
+def uses_adasplash(q: torch.Tensor) -> bool:
+    """Whether the entmax layers send ``q``'s attention to adasplash's kernel (the rule they dispatch by)."""
+    return q.is_cuda and kernel_mode() != 'python' and not is_graph_capture() and adasplash_kernel() is not None
 
 
 @register_notrace_function
 @torch.jit.ignore
 def adasplash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: float) -> torch.Tensor:
     """alpha-entmax attention of (B, heads, N, head_dim) q, k, v by adasplash's fused Triton kernel."""
-    return _adasplash()(q.contiguous(), k.contiguous(), v.contiguous(), alpha=alpha, is_causal=False)
+    return adasplash_kernel()(q.contiguous(), k.contiguous(), v.contiguous(), alpha=alpha, is_causal=False)
 
 
 class EntmaxAttention(ProjectedAttention):
@@ -90,7 +92,7 @@ class EntmaxAttention(ProjectedAttention):
                 is_causal=is_causal)
         elif (self.fused_attn and attn_mask is None and not is_causal
               and not (self.training and self.attn_drop.p > 0.) and self.scale == self.head_dim ** -0.5
-              and _use_adasplash(q)):
+              and uses_adasplash(q)):
             x = adasplash_attention(q, k, v, self.alpha)
         else:
             scores = (q * self.scale) @ k.transpose(-2, -1)

@@ -21,14 +21,16 @@ from typing import Dict, Iterator
 
 from timm.models import get_pretrained_cfg
 
-__all__ = ['HUB_ORG', 'PROJECT_URL', 'PUBLISHED_TAGS', 'TRAIN_COMMAND', 'pretrained_errors', 'pretrained_source',
-           'train_command']
+__all__ = ['HUB_ORG', 'PROJECT_URL', 'PUBLISHED_TAGS', 'DATASET_TAGS', 'TRAIN_COMMAND', 'pretrained_errors',
+           'pretrained_source', 'train_command']
 
 HUB_ORG = 'timm-recursive'
 PROJECT_URL = 'https://github.com/timm-recursive/timm-recursive'
 # arch.tag of the checkpoints uploaded to HUB_ORG (none yet: scripts/hub_folders.sh prepares them)
 PUBLISHED_TAGS = frozenset()
 TRAIN_COMMAND = 'timm-recursive-train'
+# pretrained tags named after the dataset that trains them: the --dataset names of timm_recursive.data's aliases
+DATASET_TAGS = frozenset({'cifar10', 'cifar100', 'mnist', 'fashion_mnist'})
 
 
 def _resolved_cfg(variant: str, kwargs: dict) -> Dict:
@@ -49,8 +51,7 @@ def pretrained_source(variant: str, kwargs: dict) -> str:
 
 def train_command(variant: str, tag: str) -> str:
     """The command that trains ``variant.tag``: tags named after a dataset train on it."""
-    from timm_recursive.data import DATASET_ALIASES
-    dataset = tag if tag in DATASET_ALIASES else 'DATASET'
+    dataset = tag if tag in DATASET_TAGS else 'DATASET'
     return f'{TRAIN_COMMAND} --model {variant}.{tag} --dataset {dataset}'
 
 

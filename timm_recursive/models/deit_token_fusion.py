@@ -145,7 +145,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTrans
 _cfg = functools.partial(vit_cfg, mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, crop_pct=.875)
 
 # the largest keep rate at which deit_s_tokenfuse (4 fused tokens) costs at most the anchors' 3.0 GMACs:
-# `python -m timm_recursive.analysis.token_fusion_cost --budget-gmacs 3.0 --fused-tokens 4` (its JSON and the
+# `timm-recursive token-fusion-cost --budget-gmacs 3.0 --fused-tokens 4` (its JSON and the
 # equal-MAC comparison that chose it are in experiments/token_fusion_ablation)
 DEIT_S_KEEP_RATE = 0.673
 

@@ -1,9 +1,9 @@
 """The one run loop every trainer uses: resume, stop, seeded epochs, states, metrics and summary.
 
-A command (``commands/train.py``, ``commands/train_dino.py``) builds its model, data and optimiser,
+A command (``cli/train.py``, ``cli/train_dino.py``) builds its model, data and optimiser,
 then hands ``RunLoop`` its step function and its end-of-epoch evaluation. The loop gives:
 
-* a run folder that never overwrites a previous run (``run_dir_for``: ``runs/x`` taken, ``runs/x-1``,
+* a run folder that never overwrites a previous run (``timm_recursive.runs.run_dir_for``: ``runs/x`` taken, ``runs/x-1``,
   as timm's ``get_outdir(inc=True)``) unless ``--resume`` continues it;
 * resume from the newest loadable state (``--resume``), a corrupt one falling back to the previous;
 * exactness: the shuffle order is keyed to (seed, epoch), each sample's augmentation to (seed,
@@ -15,7 +15,6 @@ then hands ``RunLoop`` its step function and its end-of-epoch evaluation. The lo
 * ``metrics.jsonl`` (one record per epoch, synced to disk as it is appended), states after every
   epoch (the newest ``--keep-states`` of this run kept) and ``summary.json`` written atomically.
 """
-import argparse
 import json
 import logging
 import os
@@ -28,14 +27,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .checkpoint import resume_newest, save_numbered_state, states_to_resume
-from .files import append_json_line, write_json_atomic
+from timm_recursive.runs import (
+    append_json_line,
+    resume_newest,
+    save_numbered_state,
+    states_to_resume,
+    write_json_atomic,
+)
 
-__all__ = [
-    'SeededSamples', 'StopRequest', 'EpochMeter', 'RunLoop', 'step_seed', 'run_dir_for', 'add_run_arguments',
-    'describe_hardware', 'positive_int', 'non_negative_int', 'non_negative_float', 'positive_float', 'unit_interval',
-    'unit_interval_or_zero', 'parse_args_with_config',
-]
+__all__ = ['SeededSamples', 'StopRequest', 'EpochMeter', 'RunLoop', 'step_seed']
 
 _logger = logging.getLogger(__name__)
 
@@ -149,147 +149,6 @@ class EpochMeter:
     @property
     def images_per_s(self) -> float:
         return self.images / (self.train_time if self.train_time is not None else time.perf_counter() - self.start)
-
-
-def _at_least(text: str, kind: type, low):
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not {"an integer" if kind is int else "a number"}') from None
-    if not value >= low:  # also refuses nan
-        raise argparse.ArgumentTypeError(f'must be at least {low:g}, got {text}')
-    return value
-
-
-def positive_int(text: str) -> int:
-    """An ``argparse`` type: an integer of at least 1 (a batch size, an image size, a count of epochs)."""
-    return _at_least(text, int, 1)
-
-
-def non_negative_int(text: str) -> int:
-    """An ``argparse`` type: an integer of at least 0 (data loader workers)."""
-    return _at_least(text, int, 0)
-
-
-def non_negative_float(text: str) -> float:
-    """An ``argparse`` type: a number of at least 0 (a learning rate, a weight decay, a loss weight)."""
-    return _at_least(text, float, 0.)
-
-
-def positive_float(text: str) -> float:
-    """An ``argparse`` type: a number above 0 (a scale to divide by, a maximum depth)."""
-    value = _at_least(text, float, 0.)
-    if value == 0.:
-        raise argparse.ArgumentTypeError(f'must be above 0, got {text}')
-    return value
-
-
-def unit_interval(text: str) -> float:
-    """An ``argparse`` type: a number in (0, 1] (a probability that must leave room to act)."""
-    value = _at_least(text, float, 0.)
-    if not 0. < value <= 1.:
-        raise argparse.ArgumentTypeError(f'must be in (0, 1], got {text}')
-    return value
-
-
-def unit_interval_or_zero(text: str) -> float:
-    """An ``argparse`` type: a probability in [0, 1]."""
-    value = _at_least(text, float, 0.)
-    if value > 1.:
-        raise argparse.ArgumentTypeError(f'must be in [0, 1], got {text}')
-    return value
-
-
-def parse_args_with_config(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
-    """timm's two-stage parse: ``-c/--config FILE``, a YAML mapping of option names (``batch-size`` or
-    ``batch_size``) to values, sets ``parser``'s defaults, then the command line is parsed over them (it wins).
-
-    Each value goes through its option's type and choices, so a bad one is a usage error naming the file.
-    """
-    import yaml
-    config_parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    config_parser.add_argument('-c', '--config', default=None)
-    path = config_parser.parse_known_args(argv)[0].config
-    if path is None:
-        return parser.parse_args(argv)
-    try:
-        with open(path) as f:
-            values = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as e:
-        parser.error(f'--config {path}: {e}'.splitlines()[0])
-    if not isinstance(values, dict):
-        parser.error(f'--config {path}: expected a mapping of option names to values')
-    # an option by its dest or any of its names (seed for --seeds/--seed, b for -b/--batch-size)
-    actions = {name.lstrip('-').replace('-', '_'): action for action in parser._actions
-               for name in (action.dest, *action.option_strings) if action.dest not in ('help', 'config')}
-    defaults = {}
-    for key, value in values.items():
-        action = actions.get(str(key).lstrip('-').replace('-', '_'))
-        if action is None:
-            parser.error(f'--config {path}: unknown option {key!r}')
-        if isinstance(action.default, dict) and not isinstance(value, dict):
-            parser.error(f'--config {path}: {key}: expected a mapping (e.g. {{num_steps: 8}}), got {value!r}')
-        if isinstance(action.default, dict) or action.nargs == 0:  # --model-kwargs mapping, on/off flags
-            defaults[action.dest] = value
-            continue
-        items = value if isinstance(value, list) else [value]
-        checked = []
-        for item in items:
-            try:
-                checked.append(action.type(str(item)) if action.type is not None else item)
-            except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
-                parser.error(f'--config {path}: {key}: {e}')
-            if action.choices is not None and checked[-1] not in action.choices:
-                parser.error(f'--config {path}: {key}: {item!r} is not one of {", ".join(map(str, action.choices))}')
-        if isinstance(action.nargs, int) and len(checked) != action.nargs:
-            parser.error(f'--config {path}: {key}: expected {action.nargs} values, got {value!r}')
-        defaults[action.dest] = checked if action.nargs not in (None, '?') else checked[0]
-    parser.set_defaults(**defaults)
-    return parser.parse_args(argv)
-
-
-def add_run_arguments(group, default_output: str) -> None:
-    """The run-folder options every trainer shares: ``-c/--config``, ``--output``, ``--resume``, ``--keep-states``,
-    ``--no-progress`` (parse with ``parse_args_with_config``)."""
-    group.add_argument('-c', '--config', default=None, metavar='FILE',
-                       help='YAML file of option defaults (e.g. batch-size: 64); the command line wins')
-    group.add_argument('--output', default=default_output,
-                       help='run folder; when it holds a previous run (and no --resume), the next free '
-                            'OUTPUT-1, OUTPUT-2, ... is used instead')
-    group.add_argument('--resume', nargs='?', const='auto', default=None,
-                       help='continue from the newest state in the run folder, or from the given state folder')
-    group.add_argument('--keep-states', '--checkpoint-hist', dest='keep_states', type=positive_int, default=2,
-                       help='training states of this run kept in checkpoints/ (at least 1)')
-    group.add_argument('--no-progress', action='store_true', help='no progress bars')
-
-
-def run_dir_for(output: str, resume: Optional[str]) -> str:
-    """``output``, or when it already holds files and this is no ``--resume``, the next free ``output-N``
-    (timm's ``get_outdir(inc=True)``): a second run never overwrites the first. Every process gets the
-    main process's answer."""
-    from accelerate import PartialState
-    from accelerate.utils import broadcast_object_list, parse_flag_from_env
-    from timm.utils import get_outdir
-
-    # the process state made here is the one the Accelerator made later reuses: read its CPU flag as it does
-    state = PartialState(cpu=parse_flag_from_env('ACCELERATE_USE_CPU'))
-    chosen = [output]
-    if state.is_main_process and not resume and os.path.isdir(output) and os.listdir(output):
-        chosen[0] = get_outdir(output, inc=True)
-        _logger.warning(f'{output} holds a previous run: this run writes to {chosen[0]} '
-                        f'(--resume continues the previous one)')
-    if state.num_processes > 1:
-        broadcast_object_list(chosen)
-    return chosen[0]
-
-
-def describe_hardware(accelerator) -> str:
-    if accelerator.device.type == 'cuda':
-        name = torch.cuda.get_device_name(accelerator.device)
-    else:
-        threads = torch.get_num_threads()
-        name = f'CPU, {threads} thread' + ('s' if threads > 1 else '')
-    return f'{accelerator.num_processes} x {name}' if accelerator.num_processes > 1 else name
 
 
 class RunLoop:

@@ -20,25 +20,28 @@ import torch
 from torch.utils.data import DataLoader
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.adaptive_halting import (
-    add_halting_arguments, check_halting_arguments, measure_halting, threshold_table)
-from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
-from timm_recursive.train.checkpoint import CheckpointError
+from timm_recursive.analysis.adaptive_halting import threshold_table
+from timm_recursive.cli.adaptive_halting import add_halting_arguments, check_halting_arguments, measure_halting
+from timm_recursive.cli.args import (
+    add_data_arguments,
+    add_model_arguments,
+    dataset_from_arguments,
+    model_from_arguments,
+    non_negative_int,
+    positive_int,
+)
+from timm_recursive.data import DatasetError, create_dataset_transform
+from timm_recursive.runs.checkpoint import CheckpointError
+from timm_recursive.runs.files import write_json_atomic
 from timm_recursive.train.evaluate import collate_classification, evaluate_steps
-from timm_recursive.train.factory import add_model_arguments, model_from_arguments
-from timm_recursive.train.files import write_json_atomic
 from timm_recursive.train.losses import StepOutputs
-from timm_recursive.train.run import non_negative_int, positive_int
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                 allow_abbrev=False)
     add_model_arguments(p)
-    p.add_argument('--dataset', default='digits')
-    p.add_argument('--split', default=None, help='split to evaluate (default: test/validation)')
-    p.add_argument('--image-column', default=None)
-    p.add_argument('--label-column', default=None)
+    add_data_arguments(p)
     p.add_argument('--max-eval-samples', type=positive_int, default=None, help='use only the first N images')
     p.add_argument('-b', '--batch-size', type=positive_int, default=256)
     p.add_argument('-j', '--workers', type=non_negative_int, default=0, help='data loader worker processes')
@@ -63,8 +66,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         # a named split is all evaluation needs (e.g. an imagefolder with only val/, such as ImageNet's)
-        splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
-                                 train_split=args.split, eval_split=args.split)
+        splits = dataset_from_arguments(args, train_split=args.train_split or args.eval_split)
         model = model_from_arguments(args, splits.num_classes).to(args.device).eval()
         check_halting_arguments(model, args)
     except (DatasetError, CheckpointError, ValueError) as e:

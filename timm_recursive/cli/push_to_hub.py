@@ -17,7 +17,7 @@ import sys
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.hub import HUB_ORG, HubError, export_run, push_to_hub
-from timm_recursive.hub.runs import run_folder
+from timm_recursive.runs import run_folder
 
 
 def main(argv=None) -> int:

@@ -31,22 +31,48 @@ import shlex
 import sys
 
 import torch
-from torch.utils.data import DataLoader
 from timm.optim import create_optimizer_v2
 from timm.utils import ModelEmaV3
+from torch.utils.data import DataLoader
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.data import DatasetError, image_mode, resolve_dataset, resolve_model_data_config, to_pil
-from timm_recursive.dino import (
-    CollapseDetector, DINOHead, DINOLoss, DINOModel, MultiCropTransform, cancel_last_layer_gradients,
-    cosine_schedule, teacher_statistics, teacher_temperatures)
-from timm_recursive.train.checkpoint import CheckpointError, store_weights_as_timm
-from timm_recursive.train.export import export_model
-from timm_recursive.train.factory import ModelKwargs, check_input_size, create_classifier
-from timm_recursive.train.run import (
-    RunLoop, SeededSamples, add_run_arguments, describe_hardware, non_negative_float, non_negative_int,
-    parse_args_with_config, positive_int, run_dir_for)
-
+from timm_recursive.cli.args import (
+    DATASET_HELP,
+    ModelKwargs,
+    add_data_arguments,
+    add_run_arguments,
+    dataset_from_arguments,
+    non_negative_float,
+    non_negative_int,
+    parse_args_with_config,
+    positive_int,
+)
+from timm_recursive.data import (
+    DatasetError,
+    image_mode,
+    resolve_model_data_config,
+    to_pil,
+)
+from timm_recursive.runs import (
+    check_input_size,
+    create_classifier,
+    describe_hardware,
+    run_dir_for,
+)
+from timm_recursive.runs.checkpoint import CheckpointError, store_weights_as_timm
+from timm_recursive.runs.export import export_model
+from timm_recursive.train.dino import (
+    CollapseDetector,
+    DINOHead,
+    DINOLoss,
+    DINOModel,
+    MultiCropTransform,
+    cancel_last_layer_gradients,
+    cosine_schedule,
+    teacher_statistics,
+    teacher_temperatures,
+)
+from timm_recursive.train.run import RunLoop, SeededSamples
 
 _logger = logging.getLogger('train_dino')
 
@@ -85,9 +111,7 @@ def parse_args(argv=None):
     g.add_argument('--norm-last-layer', action=argparse.BooleanOptionalAction, default=False,
                    help='keep the prototype norms at 1 (DINO\'s ViT-S/16 recipe trains them)')
     g = p.add_argument_group('data')
-    g.add_argument('--dataset', default='digits', help='digits, a Hub id or alias, or a local folder (labels unused)')
-    g.add_argument('--image-column', default=None)
-    g.add_argument('--train-split', default=None)
+    add_data_arguments(g, dataset_help=DATASET_HELP + ' (labels unused)')
     g.add_argument('--max-train-samples', type=positive_int, default=None, help='use only the first N training images')
     g.add_argument('--global-size', type=positive_int, default=224)
     g.add_argument('--local-size', type=positive_int, default=96)
@@ -158,7 +182,7 @@ def train(args, argv=None) -> dict:
                    keep_states=args.keep_states, resume=args.resume, progress=not args.no_progress)
 
     set_seed(seed)
-    splits = resolve_dataset(args.dataset, image_column=args.image_column, train_split=args.train_split)
+    splits = dataset_from_arguments(args)
     for note in splits.notes:
         log(note)
     images = splits.train

@@ -1,23 +1,23 @@
-"""What a training run (``timm-recursive-train`` or ``-train-dino``) recorded, as the Hub export reads it."""
+"""What a training run (``timm-recursive-train`` or ``-train-dino``) recorded: its arguments, summary and metrics."""
 import json
 import os
 from typing import Dict
 
-__all__ = ['HubError', 'run_folder', 'load_run', 'is_dino_run', 'epoch_record']
+__all__ = ['RunRecordError', 'run_folder', 'load_run', 'is_dino_run', 'epoch_record']
 
 
-class HubError(RuntimeError):
-    """An export or upload that failed, with what and why; local files are left in place."""
+class RunRecordError(RuntimeError):
+    """A run folder that is missing, unfinished or unreadable, with what and why."""
 
 
 def run_folder(path: str) -> str:
     """The run folder of ``path``: ``path`` itself, or the run an exported ``model/`` folder belongs to."""
     if not os.path.exists(path):
-        raise HubError(f'{path} does not exist')
+        raise RunRecordError(f'{path} does not exist')
     parent = os.path.dirname(os.path.normpath(path)) or '.'
     if os.path.isfile(os.path.join(path, 'config.json')) and not os.path.isfile(os.path.join(path, 'args.json')):
         if not os.path.isfile(os.path.join(parent, 'args.json')):
-            raise HubError(f'{path} is an exported model without the training run that made it (args.json, '
+            raise RunRecordError(f'{path} is an exported model without the training run that made it (args.json, '
                            'summary.json and metrics.jsonl in its parent folder): a model card reports what the '
                            'run recorded')
         return parent
@@ -27,11 +27,11 @@ def run_folder(path: str) -> str:
 def load_run(run_dir: str) -> Dict:
     """What a training run recorded: ``args`` (args.json), ``summary`` and ``history`` (metrics.jsonl)."""
     if not os.path.isdir(run_dir):
-        raise HubError(f'{run_dir} does not exist')
+        raise RunRecordError(f'{run_dir} does not exist')
     paths = {name: os.path.join(run_dir, name) for name in ('args.json', 'summary.json', 'metrics.jsonl')}
     missing = [name for name, path in paths.items() if not os.path.isfile(path)]
     if missing:
-        raise HubError(f'{run_dir} is not a finished training run (missing {missing})')
+        raise RunRecordError(f'{run_dir} is not a finished training run (missing {missing})')
     try:
         with open(paths['args.json']) as f:
             args = json.load(f)
@@ -40,7 +40,7 @@ def load_run(run_dir: str) -> Dict:
         with open(paths['metrics.jsonl']) as f:
             history = [json.loads(line) for line in f if line.strip()]
     except ValueError as e:
-        raise HubError(f'{run_dir}: unreadable run record: {e}') from e
+        raise RunRecordError(f'{run_dir}: unreadable run record: {e}') from e
     return {'args': args, 'summary': summary, 'history': history, 'dir': run_dir}
 
 
@@ -53,5 +53,5 @@ def epoch_record(run: Dict, epoch: int) -> Dict:
     """The metrics the run recorded for ``epoch``."""
     record = next((r for r in run['history'] if r['epoch'] == epoch), None)
     if record is None:
-        raise HubError(f'{run["dir"]}: no metrics recorded for epoch {epoch}')
+        raise RunRecordError(f'{run["dir"]}: no metrics recorded for epoch {epoch}')
     return record

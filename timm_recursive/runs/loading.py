@@ -1,32 +1,15 @@
-"""Models from a registered name, a checkpoint of any kind, or the command-line arguments naming either."""
-import argparse
+"""Models from a registered name (maybe pretrained, from the Hub) or a checkpoint of any kind."""
 import difflib
 import json
 import os
 from typing import Optional, Sequence
 
 import torch
-from timm.utils import ParseKwargs
 from torch import nn
 
 from .checkpoint import CheckpointError, load_weights
 
-__all__ = [
-    'ModelKwargs', 'create_classifier', 'create_model_from_checkpoint', 'check_input_size', 'add_model_arguments',
-    'model_from_arguments',
-]
-
-
-class ModelKwargs(ParseKwargs):
-    """timm's ``ParseKwargs`` (``key=value`` words, values read as Python literals) that refuses a word
-    that is not one ``key=value`` pair with a usage error, rather than a traceback."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        for word in values:
-            key, sep, value = word.partition('=')
-            if not key or not sep or '=' in value:
-                raise argparse.ArgumentError(self, f'expected key=value words, got {word!r}')
-        super().__call__(parser, namespace, values, option_string)
+__all__ = ['create_classifier', 'create_model_from_checkpoint', 'check_input_size']
 
 
 def _create_model(model_name: str, **kwargs) -> nn.Module:
@@ -115,23 +98,3 @@ def check_input_size(model: nn.Module, input_size: Sequence[int]) -> None:
                               f'{size} input: {str(e).splitlines()[0]}') from e
     finally:
         model.train(was_training)
-
-
-def add_model_arguments(parser) -> None:
-    """The command-line arguments that choose a model to evaluate or inspect (see ``model_from_arguments``)."""
-    parser.add_argument('--model', default=None, help='registered model name (with --pretrained, or for a weights file)')
-    parser.add_argument('--pretrained', action='store_true')
-    parser.add_argument('--checkpoint', default=None, help='exported folder, run folder, state folder or weights file')
-    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs)
-
-
-def model_from_arguments(args, num_classes: int) -> nn.Module:
-    """The model ``add_model_arguments``'s arguments name (a checkpoint, or a registered, maybe pretrained,
-    model), checked to predict the dataset's ``num_classes`` classes (``CheckpointError`` otherwise)."""
-    if args.checkpoint:
-        model = create_model_from_checkpoint(args.checkpoint, args.model, **args.model_kwargs)
-    else:
-        model = create_classifier(args.model, num_classes, pretrained=args.pretrained, **args.model_kwargs)
-    if model.num_classes != num_classes:
-        raise CheckpointError(f'the model predicts {model.num_classes} classes, the dataset has {num_classes}')
-    return model

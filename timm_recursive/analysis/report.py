@@ -1,11 +1,11 @@
-"""A report on what a recursive classifier does step by step: ``python -m timm_recursive.report``.
+"""A report on what a recursive classifier does step by step: ``timm-recursive report``.
 
 The analysis of internal trajectories that the technical summary "Atenção Esparsa Dinâmica e Mistura
 de Especialistas para Classificação Visual Iterativa" lists among its contributions: accuracy per
 step, token-role interactions, the dense-to-sparse crossover of its attention, expert routing.
 
-    python -m timm_recursive.report --checkpoint runs/demo --dataset digits --out reports/demo
-    python -m timm_recursive.report --model recursive_dsa_moe_tiny.fashion_mnist --pretrained \\
+    timm-recursive report --checkpoint runs/demo --dataset digits --out reports/demo
+    timm-recursive report --model recursive_dsa_moe_tiny.fashion_mnist --pretrained \\
         --dataset fashion_mnist --out reports/fm
 
 Traces the model (``timm_recursive.analysis.recursion_trace``) on up to ``--num-images`` images of
@@ -19,19 +19,25 @@ regressions, wrong to other wrong). With ``--halting-thresholds`` it also measur
 halting on the same images (``timm_recursive.analysis.adaptive_halting``) into ``halting.json``
 and a report section: per threshold, accuracy, steps per image, multiply-adds, images/s.
 """
-import argparse
 import os
-import shlex
-import sys
 from typing import List, Optional
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
-from timm_recursive.analysis.recursion_trace import RecursionTrace, RecursionTracer, paired_gain
+from timm_recursive.analysis.recursion_trace import (
+    RecursionTrace,
+    RecursionTracer,
+    paired_gain,
+)
 from timm_recursive.models.recursive_classifier import (
-    HISTORY, HYPOTHESIS, ROLES, SUMMARY, sequence_length, step_of_length)
+    HISTORY,
+    HYPOTHESIS,
+    ROLES,
+    SUMMARY,
+    sequence_length,
+    step_of_length,
+)
 
 __all__ = ['trace_dataset', 'write_report']
 
@@ -247,7 +253,7 @@ def write_report(trace: RecursionTrace, out: str, command: str = '', source: str
                  halting: Optional[dict] = None) -> List[str]:
     """``trace.json``, ``report.md``, the plots and ``halting.json`` (when measured) under ``out``; returns
     the files written."""
-    from timm_recursive.train.files import write_json_atomic
+    from timm_recursive.runs.files import write_json_atomic
     os.makedirs(out, exist_ok=True)
     if halting is not None:
         write_json_atomic(os.path.join(out, 'halting.json'), halting)
@@ -261,49 +267,3 @@ def write_report(trace: RecursionTrace, out: str, command: str = '', source: str
         f.write(_markdown(trace, command, source, has_routing, halting))
     return (['trace.json', 'report.md'] + [p for p in PLOTS if has_routing or p != 'expert_routing.png']
             + (['halting.json'] if halting is not None else []))
-
-
-def main(argv=None) -> int:
-    import timm_recursive  # noqa: F401  registers the models
-    from timm_recursive.analysis.adaptive_halting import add_halting_arguments, check_halting_arguments, measure_halting
-    from timm_recursive.data import DatasetError, create_dataset_transform, resolve_dataset
-    from timm_recursive.train import CheckpointError, add_model_arguments, collate_classification, model_from_arguments
-
-    p = argparse.ArgumentParser(description='Step-by-step report on a recursive classifier (plots + report.md)')
-    add_model_arguments(p)
-    p.add_argument('--dataset', default='digits')
-    p.add_argument('--split', default=None, help='split to trace (default: test/validation)')
-    p.add_argument('--num-images', type=int, default=2000, help='at most this many images of the split')
-    p.add_argument('--batch-size', type=int, default=250)
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--out', required=True)
-    p.add_argument('--no-progress', action='store_true')
-    add_halting_arguments(p)
-    args = p.parse_args(argv)
-    if args.model is None and args.checkpoint is None:
-        p.error('give --model (with --pretrained) and/or --checkpoint')
-    try:
-        splits = resolve_dataset(args.dataset, eval_split=args.split)
-        model = model_from_arguments(args, splits.num_classes)
-        trace_name = args.model or model.pretrained_cfg.get('architecture', '')
-        model = model.to(args.device).eval()
-        RecursionTracer(model)  # fails early, with a clear error, for other models
-        check_halting_arguments(model, args)
-    except (DatasetError, CheckpointError, TypeError, ValueError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    dataset = splits.eval.select(range(min(args.num_images, len(splits.eval))))
-    dataset = dataset.with_transform(create_dataset_transform(model, splits, is_training=False))
-    loader = DataLoader(dataset, batch_size=args.batch_size, collate_fn=collate_classification)
-    trace = trace_dataset(model, loader, trace_name, progress=not args.no_progress, device=args.device)
-    command = 'python -m timm_recursive.report ' + ' '.join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    halting = measure_halting(model, loader, args, args.device) if args.halting_thresholds else None
-    written = write_report(trace, args.out, command, f'{args.dataset} ({splits.source}), evaluation split', halting)
-    if trace.accuracy is not None:
-        print('top-1 per step: ' + ' '.join(f'{100 * a:.2f}' for a in trace.accuracy))
-    print(f'wrote {", ".join(written)} to {args.out}')
-    return 0
-
-
-if __name__ == '__main__':
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """DINO self-supervised pretraining pieces (Caron et al., 2021) for any timm ViT.
 
 The entmax-attention source measures entmax attention on DINO ViT-S/16 backbones; these are the
-pieces ``timm-recursive-train-dino`` (``timm_recursive.train.commands.train_dino``) assembles:
+pieces ``timm-recursive-train-dino`` (``timm_recursive.cli.train_dino``) assembles:
 
 * ``DINOHead``: MLP -> L2-normalised bottleneck -> weight-normalised prototype layer (the last layer's
   norm optionally frozen at 1, DINO's ``norm_last_layer``);
@@ -25,9 +25,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from timm.layers import trunc_normal_
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
-from timm.layers import trunc_normal_
 
 __all__ = [
     'DINOHead', 'DINOModel', 'DINOLoss', 'MultiCropTransform', 'cosine_schedule', 'teacher_temperatures',
@@ -202,8 +202,8 @@ class MultiCropTransform:
     def __init__(self, global_size: int, local_size: int, num_local: int, mean: Sequence[float],
                  std: Sequence[float], in_chans: int = 3, global_scale: Tuple[float, float] = (0.4, 1.),
                  local_scale: Tuple[float, float] = (0.05, 0.4), interpolation: str = 'bicubic'):
-        from torchvision import transforms as T
         from timm.data.transforms import str_to_interp_mode
+        from torchvision import transforms as T
 
         interp = str_to_interp_mode(interpolation)
         sigma_max = max(0.1, 2.0 * global_size / 224)

@@ -41,26 +41,56 @@ import sys
 import time
 
 import torch
-from torch.utils.data import DataLoader
 from timm.data import Mixup
 from timm.loss import BinaryCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3, dispatch_clip_grad
+from torch.utils.data import DataLoader
 
 import timm_recursive  # noqa: F401  registers the models
+from timm_recursive.cli.args import (
+    DATASET_HELP,
+    ModelKwargs,
+    add_data_arguments,
+    add_run_arguments,
+    dataset_from_arguments,
+    non_negative_float,
+    non_negative_int,
+    parse_args_with_config,
+    positive_int,
+    unit_interval,
+    unit_interval_or_zero,
+)
 from timm_recursive.data import (
-    DatasetError, RepeatAugBatches, create_dataset_transform, hold_out, resolve_dataset, resolve_model_data_config)
+    DatasetError,
+    RepeatAugBatches,
+    create_dataset_transform,
+    hold_out,
+    resolve_model_data_config,
+)
 from timm_recursive.layers import TokenFusionObjective, act_loss, ponder_net_loss
-from timm_recursive.train.checkpoint import CheckpointError, load_weights, store_weights_as_timm
+from timm_recursive.runs import (
+    check_input_size,
+    create_classifier,
+    describe_hardware,
+    run_dir_for,
+)
+from timm_recursive.runs.checkpoint import (
+    CheckpointError,
+    load_weights,
+    store_weights_as_timm,
+)
+from timm_recursive.runs.export import export_model
+from timm_recursive.runs.files import write_json_atomic
 from timm_recursive.train.evaluate import collate_classification, evaluate_steps
-from timm_recursive.train.export import export_model
-from timm_recursive.train.factory import ModelKwargs, check_input_size, create_classifier
-from timm_recursive.train.files import write_json_atomic
-from timm_recursive.train.losses import STEP_WEIGHTINGS, StepOutputs, deep_supervision_loss, step_weights
-from timm_recursive.train.run import (
-    RunLoop, SeededSamples, add_run_arguments, describe_hardware, non_negative_float, non_negative_int,
-    parse_args_with_config, positive_int, run_dir_for, unit_interval, unit_interval_or_zero)
+from timm_recursive.train.losses import (
+    STEP_WEIGHTINGS,
+    StepOutputs,
+    deep_supervision_loss,
+    step_weights,
+)
+from timm_recursive.train.run import RunLoop, SeededSamples
 
 _logger = logging.getLogger('train')
 
@@ -130,23 +160,8 @@ def parse_args(argv=None):
     g.add_argument('--sync-bn', action='store_true',
                    help='BatchNorm as SyncBatchNorm when several processes train (one process: nothing to do)')
     g = p.add_argument_group('data')
-    g.add_argument('--dataset', default=None,
-                   help='digits, a Hub id or alias, a local folder, or a timm name: hfds/ID (Hugging Face datasets), '
-                        'hfids/ID (streamed), torch/NAME (torchvision, in --data-dir) (default: the folder of '
-                        '--data-dir when given, else digits)')
-    g.add_argument('--data-dir', default=None, metavar='DIR',
-                   help='timm\'s dataset root: the folder dataset, torch/ files, the hfds/ and hfids/ download cache')
-    g.add_argument('--dataset-config', default=None, metavar='NAME', help='Hugging Face dataset config name')
-    g.add_argument('--dataset-download', action='store_true',
-                   help='torch/: download into --data-dir when missing; hfids/: download whole instead of streaming')
-    g.add_argument('--class-map', default=None, metavar='FILE',
-                   help='timm\'s class map (.txt: a class name a line; .pkl: a {name: index} dict): only its classes '
-                        'are kept, labelled with its indices')
-    g.add_argument('--image-column', default=None)
-    g.add_argument('--label-column', default=None)
-    g.add_argument('--train-split', default=None)
-    g.add_argument('--eval-split', '--val-split', dest='eval_split', default=None,
-                   help='the split evaluated (default: test, validation, ... whichever the dataset has)')
+    add_data_arguments(g, default=None, dataset_help=DATASET_HELP + ' (default: the folder of --data-dir when '
+                                                                    'given, else digits)')
     g.add_argument('--val-fraction', type=float, default=0.,
                    help='hold out this fraction of the train split (stratified) to select the best model; '
                         'with 0 the best model is selected on the eval split')
@@ -446,11 +461,8 @@ def tracker_values(values: dict) -> dict:
 
 
 def load_splits(args):
-    splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
-                             train_split=args.train_split, eval_split=args.eval_split, num_classes=args.num_classes,
-                             holdout_eval_fraction=args.val_fraction, data_dir=args.data_dir,
-                             dataset_config=args.dataset_config, download=args.dataset_download,
-                             class_map=args.class_map, streamed_rows=(args.max_train_samples, args.max_eval_samples))
+    splits = dataset_from_arguments(args, num_classes=args.num_classes, holdout_eval_fraction=args.val_fraction,
+                                    streamed_rows=(args.max_train_samples, args.max_eval_samples))
     selection = None
     if args.val_fraction > 0:
         splits.train, selection = hold_out(splits.train, args.val_fraction, splits.label_column)

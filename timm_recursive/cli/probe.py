@@ -1,4 +1,4 @@
-"""Frozen-feature probes of a ViT backbone (``timm_recursive.probing``), as the source measures DINO models.
+"""Frozen-feature probes of a ViT backbone (``timm_recursive.analysis.probing``), as the source measures DINO models.
 
     # linear classification on the [CLS] token(s)
     timm-recursive-probe linear --checkpoint runs/dino_entmax/model --dataset fashion_mnist
@@ -43,35 +43,52 @@ import torch
 from torch.utils.data import DataLoader
 
 import timm_recursive  # noqa: F401  registers the models
+from timm_recursive.analysis.probing import (
+    canvas_depths,
+    check_blocks,
+    classification_features,
+    classification_features_per_block,
+    compose_canvases,
+    dense_features,
+    dense_probe,
+    depth_probe,
+    extract_features,
+    linear_probe,
+    valid_depth,
+)
+from timm_recursive.cli.args import (
+    DATASET_HELP,
+    add_data_arguments,
+    add_model_arguments,
+    dataset_from_arguments,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from timm_recursive.data import (
-    DatasetError, create_dataset_transform, image_mode, resolve_dataset, resolve_model_data_config,
-    resolve_depth_dataset, resolve_segmentation_dataset, to_depth_array, to_mask_array, to_pil)
-from timm_recursive.probing import (
-    canvas_depths, check_blocks, classification_features, classification_features_per_block, compose_canvases,
-    dense_features, dense_probe, depth_probe, extract_features, linear_probe, valid_depth)
-from timm_recursive.train.checkpoint import CheckpointError
+    DatasetError,
+    create_dataset_transform,
+    image_mode,
+    resolve_dataset,
+    resolve_depth_dataset,
+    resolve_model_data_config,
+    resolve_segmentation_dataset,
+    to_depth_array,
+    to_mask_array,
+    to_pil,
+)
+from timm_recursive.runs import create_classifier, create_model_from_checkpoint
+from timm_recursive.runs.checkpoint import CheckpointError
+from timm_recursive.runs.files import replace_dir, write_json_atomic
 from timm_recursive.train.evaluate import collate_classification
-from timm_recursive.train.factory import ModelKwargs, create_classifier, create_model_from_checkpoint
-from timm_recursive.train.files import replace_dir, write_json_atomic
-from timm_recursive.train.run import non_negative_float, non_negative_int, positive_float, positive_int
 
 
 def add_probe_arguments(p) -> None:
-    g = p.add_argument_group('backbone')
-    g.add_argument('--checkpoint', default=None, help='exported folder, run folder, state folder or weights file')
-    g.add_argument('--model', default=None, help='registered model name (with --pretrained, or for a weights file)')
-    g.add_argument('--pretrained', action='store_true')
-    g.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs)
+    add_model_arguments(p.add_argument_group('backbone'))
     g = p.add_argument_group('data')
-    g.add_argument('--dataset', required=True,
-                   help='a Hub id or alias, a local folder, or a timm name (hfds/ID, torch/NAME); segment also reads '
-                        'torch/voc2012 and torch/cityscapes from --data-dir')
-    g.add_argument('--data-dir', default=None, metavar='DIR',
-                   help='timm\'s dataset root (as train.py\'s): the torch/ files, the hfds/ download cache; '
-                        'torch/voc2012: the folder of VOCdevkit/, torch/cityscapes: of leftImg8bit/ and gtFine/')
-    g.add_argument('--image-column', default=None)
-    g.add_argument('--train-split', default=None)
-    g.add_argument('--eval-split', default=None)
+    add_data_arguments(g, required=True, dataset_help=DATASET_HELP + '; segment also reads torch/voc2012 (the folder '
+                       'of VOCdevkit/ in --data-dir) and torch/cityscapes (of leftImg8bit/ and gtFine/)')
     g.add_argument('--max-train-samples', type=positive_int, default=None)
     g.add_argument('--max-eval-samples', type=positive_int, default=None)
     g.add_argument('-b', '--batch-size', type=positive_int, default=128, help='feature extraction batch')
@@ -104,7 +121,6 @@ def parse_args(argv=None):
     sub = p.add_subparsers(dest='command', required=True)
     linear = sub.add_parser('linear', allow_abbrev=False, help='linear classification probe on [CLS] features')
     add_probe_arguments(linear)
-    linear.add_argument('--label-column', default=None)
     linear.add_argument('--n-last-blocks', type=int, default=1,
                         help='concatenate the [CLS] of the last N blocks (DINO uses 4 for ViT-S)')
     linear.add_argument('--avgpool-patches', action='store_true', help='append the mean patch token of the last block')
@@ -193,8 +209,7 @@ def run_linear(args, model) -> dict:
     if args.layers and args.n_last_blocks != 1:
         raise ProbeError('--layers probes one block at a time: it cannot be combined with --n-last-blocks')
     blocks = _blocks(model, args.layers)
-    splits = resolve_dataset(args.dataset, image_column=args.image_column, label_column=args.label_column,
-                             train_split=args.train_split, eval_split=args.eval_split, data_dir=args.data_dir)
+    splits = dataset_from_arguments(args)
     transform = create_dataset_transform(model, splits, is_training=False)
 
     def features(x):
@@ -219,8 +234,8 @@ def dense_transform(config: dict, img_size: int, image_column: str, target_colum
     (``read_target`` of a row's value, a 2-D array) resized with nearest (labels stay labels, a missing depth
     stays 0) and given as ``target`` of ``target_dtype``."""
     from PIL import Image
-    from torchvision import transforms as T
     from timm.data.transforms import str_to_interp_mode
+    from torchvision import transforms as T
 
     image_tf = T.Compose([T.Resize((img_size, img_size), interpolation=str_to_interp_mode(config['interpolation'])),
                           T.ToTensor(), T.Normalize(config['mean'], config['std'])])

@@ -1,0 +1,5 @@
+import sys
+
+from timm_recursive.cli import main
+
+sys.exit(main())

@@ -1,0 +1,69 @@
+"""A report on what a recursive classifier does step by step: ``timm-recursive report``.
+
+The report itself: ``timm_recursive.analysis.report``.
+"""
+import argparse
+import shlex
+import sys
+
+import torch
+from torch.utils.data import DataLoader
+
+from timm_recursive.analysis.recursion_trace import (
+    RecursionTracer,
+)
+
+__all__ = ['trace_dataset', 'write_report']
+
+from timm_recursive.analysis.report import trace_dataset, write_report
+from timm_recursive.cli.args import add_data_arguments, dataset_from_arguments
+
+
+def main(argv=None) -> int:
+    import timm_recursive  # noqa: F401  registers the models
+    from timm_recursive.cli.adaptive_halting import add_halting_arguments, check_halting_arguments, measure_halting
+    from timm_recursive.cli.args import add_model_arguments, model_from_arguments
+    from timm_recursive.data import (
+        DatasetError,
+        create_dataset_transform,
+    )
+    from timm_recursive.runs import CheckpointError
+    from timm_recursive.train import collate_classification
+
+    p = argparse.ArgumentParser(description='Step-by-step report on a recursive classifier (plots + report.md)')
+    add_model_arguments(p)
+    add_data_arguments(p)
+    p.add_argument('--num-images', type=int, default=2000, help='at most this many images of the split')
+    p.add_argument('--batch-size', type=int, default=250)
+    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--out', required=True)
+    p.add_argument('--no-progress', action='store_true')
+    add_halting_arguments(p)
+    args = p.parse_args(argv)
+    if args.model is None and args.checkpoint is None:
+        p.error('give --model (with --pretrained) and/or --checkpoint')
+    try:
+        splits = dataset_from_arguments(args)
+        model = model_from_arguments(args, splits.num_classes)
+        trace_name = args.model or model.pretrained_cfg.get('architecture', '')
+        model = model.to(args.device).eval()
+        RecursionTracer(model)  # fails early, with a clear error, for other models
+        check_halting_arguments(model, args)
+    except (DatasetError, CheckpointError, TypeError, ValueError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 2
+    dataset = splits.eval.select(range(min(args.num_images, len(splits.eval))))
+    dataset = dataset.with_transform(create_dataset_transform(model, splits, is_training=False))
+    loader = DataLoader(dataset, batch_size=args.batch_size, collate_fn=collate_classification)
+    trace = trace_dataset(model, loader, trace_name, progress=not args.no_progress, device=args.device)
+    command = 'timm-recursive report ' + ' '.join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    halting = measure_halting(model, loader, args, args.device) if args.halting_thresholds else None
+    written = write_report(trace, args.out, command, f'{args.dataset} ({splits.source}), evaluation split', halting)
+    if trace.accuracy is not None:
+        print('top-1 per step: ' + ' '.join(f'{100 * a:.2f}' for a in trace.accuracy))
+    print(f'wrote {", ".join(written)} to {args.out}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
