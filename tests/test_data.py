@@ -138,7 +138,7 @@ def test_column_label_and_split_errors(tmp_path):
 
 def test_empty_split_is_an_error(monkeypatch):
     full = _small_dataset_dict()
-    monkeypatch.setattr(data, '_load_digits', lambda: datasets.DatasetDict(
+    monkeypatch.setattr(data.sources, '_load_digits', lambda: datasets.DatasetDict(
         {'train': full['train'], 'test': full['test'].select([])}))
     with pytest.raises(DatasetError, match="split 'test' of .* is empty"):
         resolve_dataset('digits')
