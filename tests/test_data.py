@@ -1,6 +1,8 @@
 """Dataset resolution (digits, IDX, save_to_disk, parquet, imagefolder, Hub fallback) and transforms."""
 import gzip
 import os
+import subprocess
+import sys
 
 import datasets
 import numpy as np
@@ -11,6 +13,8 @@ from PIL import Image
 
 import timm_recursive.data as data
 from timm_recursive.data import DatasetError, create_dataset_transform, read_idx, resolve_dataset
+
+from helpers import ROOT
 
 
 def _write_idx(path, array, gz=False):
@@ -138,7 +142,7 @@ def test_column_label_and_split_errors(tmp_path):
 
 def test_empty_split_is_an_error(monkeypatch):
     full = _small_dataset_dict()
-    monkeypatch.setattr(data, '_load_digits', lambda: datasets.DatasetDict(
+    monkeypatch.setattr(data.sources, '_load_digits', lambda: datasets.DatasetDict(
         {'train': full['train'], 'test': full['test'].select([])}))
     with pytest.raises(DatasetError, match="split 'test' of .* is empty"):
         resolve_dataset('digits')
@@ -160,3 +164,14 @@ def test_any_dataset_feeds_any_model(tmp_path, model_name, kwargs, shape, datase
         pixels = torch.stack(batch['pixel_values'])
         assert pixels.shape == (2, *shape) and pixels.dtype == torch.float32
         assert model(pixels).shape == (2, splits.num_classes)
+
+
+def test_the_data_package_imports_without_the_train_extra():
+    """datasets and scikit-learn (the [train] extra) are imported where they are used: the models import
+    DATASET_ALIASES from timm_recursive.data for the train command an unpublished tag's error names, also in an
+    install without them."""
+    code = ("import sys; sys.modules['datasets'] = sys.modules['sklearn'] = None  # as if not installed\n"
+            "from timm_recursive.models._pretrained import train_command\n"
+            "print(train_command('recursive_dsa_moe_tiny', 'fashion_mnist'))")
+    result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0 and '--dataset fashion_mnist' in result.stdout, result.stderr
