@@ -400,6 +400,21 @@ class RecursiveClassifier(nn.Module):
             aux = aux + blk_aux
         return self.norm(tokens), aux
 
+    def _step(
+            self, summary: torch.Tensor, y: torch.Tensor, history: torch.Tensor,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One recursion step: the transformer over ``[summary; y + role; history + role]``.
+
+        ``summary`` (B, 1, d) already carries its role embedding; ``y`` is the hypothesis token (B, d),
+        ``history`` the latents (B, t, d). Returns the normalised tokens (B, t + 2, d), the hypothesis-slot
+        output (B, d) that the logits and the halting head read, the new latent z_t (B, 1, d) and the
+        summed MoE auxiliary loss.
+        """
+        hypothesis = (y + self.role_embed[self.hypothesis_role]).unsqueeze(1)
+        tokens, aux = self._transform(
+            torch.cat([summary, hypothesis, history + self.role_embed[self.history_role]], dim=1))
+        return tokens, tokens[:, self.hypothesis_role], tokens[:, self.new_latent_slot].unsqueeze(1), aux
+
     def _recurse(
             self, x_feat: torch.Tensor, grad_window: int, step_states: Optional[List[torch.Tensor]] = None,
     ) -> Tuple[torch.Tensor, List[torch.Tensor], torch.Tensor]:
@@ -418,22 +433,20 @@ class RecursiveClassifier(nn.Module):
         aux = summary.new_zeros(())
         tokens = summary
         for t in range(self.num_steps):
-            hypothesis = (y + self.role_embed[self.hypothesis_role]).unsqueeze(1)
-            history = torch.cat(latents, dim=1) + self.role_embed[self.history_role]
-            tokens, step_aux = self._transform(torch.cat([summary, hypothesis, history], dim=1))
+            tokens, state, latent, step_aux = self._step(summary, y, torch.cat(latents, dim=1))
             aux = aux + step_aux
             if step_states is not None:
-                step_states.append(tokens[:, self.hypothesis_role])
+                step_states.append(state)
             if t == self.num_steps - 1:
                 break
-            latents.append(tokens[:, self.new_latent_slot].unsqueeze(1))
+            latents.append(latent)
             # the latent that just left the window keeps its value, not its gradient (z_0 is a learned
             # parameter, not a state of the recursion: it always keeps its gradient)
             leaving = len(latents) - 1 - grad_window
             if leaving >= 1:
                 latents[leaving] = latents[leaving].detach()
             if self.num_classes > 0:
-                logits = self.head(self.head_drop(tokens[:, self.hypothesis_role]))
+                logits = self.head(self.head_drop(state))
                 step_logits.append(logits)
                 y = self._hypothesis_embed(logits, grad_window > 0)
         return tokens, step_logits, aux / max(1, self.num_moe_blocks * self.num_steps)
@@ -585,13 +598,11 @@ class RecursiveClassifier(nn.Module):
         previous: Optional[torch.Tensor] = None  # class probabilities of the previous step ('change')
         running = summary.new_ones(B, dtype=torch.float32)  # prod_{j<=t} (1 - halting probability) ('halting')
         for t in range(1, max_steps + 1):
-            hypothesis = (y + self.role_embed[self.hypothesis_role]).unsqueeze(1)
-            tokens, _ = self._transform(
-                torch.cat([summary, hypothesis, history + self.role_embed[self.history_role]], dim=1))
+            tokens, state, latent, _ = self._step(summary, y, history)
             if t == self.num_steps:
                 logits = self.forward_head(tokens.unsqueeze(1))
             else:
-                logits = self.head(self.head_drop(tokens[:, self.hypothesis_role]))
+                logits = self.head(self.head_drop(state))
             if out is None:
                 out = logits.new_empty(B, logits.shape[-1])
             if t == max_steps:
@@ -601,7 +612,7 @@ class RecursiveClassifier(nn.Module):
             if threshold is not None:
                 if criterion == 'halting':
                     assert self.halting_head is not None
-                    running = running * torch.sigmoid(-self.halting_head(tokens[:, self.hypothesis_role]).float())
+                    running = running * torch.sigmoid(-self.halting_head(state).float())
                     halt = 1. - running >= threshold
                 else:
                     probs = logits.float().softmax(dim=-1)
@@ -617,11 +628,11 @@ class RecursiveClassifier(nn.Module):
                 steps[active[done]] = t
                 if len(keep) == 0:
                     break
-                active, summary, history, tokens, logits = (
-                    active[keep], summary[keep], history[keep], tokens[keep], logits[keep])
+                active, summary, history, latent, logits = (
+                    active[keep], summary[keep], history[keep], latent[keep], logits[keep])
                 y, running = y[keep], running[keep]
                 previous = None if previous is None else previous[keep]
-            history = torch.cat([history, tokens[:, self.new_latent_slot].unsqueeze(1)], dim=1)
+            history = torch.cat([history, latent], dim=1)
             y = self._hypothesis_embed(logits, with_grad=False)
         assert out is not None
         return out, steps
