@@ -166,12 +166,19 @@ def test_any_dataset_feeds_any_model(tmp_path, model_name, kwargs, shape, datase
         assert model(pixels).shape == (2, splits.num_classes)
 
 
-def test_the_data_package_imports_without_the_train_extra():
-    """datasets and scikit-learn (the [train] extra) are imported where they are used: the models import
-    DATASET_ALIASES from timm_recursive.data for the train command an unpublished tag's error names, also in an
-    install without them."""
-    code = ("import sys; sys.modules['datasets'] = sys.modules['sklearn'] = None  # as if not installed\n"
+def test_the_models_never_import_the_data_package():
+    """The layers run one way: a model, its pretrained errors' train command included, needs no dataset code
+    (and so not the [train] extra)."""
+    code = ("import sys, timm, timm_recursive\n"
             "from timm_recursive.models._pretrained import train_command\n"
-            "print(train_command('recursive_dsa_moe_tiny', 'fashion_mnist'))")
+            "timm.create_model('recursive_dsa_moe_tiny'); train_command('recursive_dsa_moe_tiny', 'fashion_mnist')\n"
+            "print(sorted(m for m in sys.modules if m.startswith('timm_recursive.data') or m == 'datasets'))")
     result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0 and '--dataset fashion_mnist' in result.stdout, result.stderr
+    assert result.returncode == 0 and result.stdout.strip() == '[]', result.stderr + result.stdout
+
+
+def test_dataset_named_pretrained_tags_are_the_dataset_aliases():
+    """The train command of a pretrained tag named after a dataset passes that name as --dataset."""
+    from timm_recursive.data import DATASET_ALIASES
+    from timm_recursive.models._pretrained import DATASET_TAGS
+    assert DATASET_TAGS == set(DATASET_ALIASES)

@@ -341,7 +341,7 @@ def test_segmentation_dataset_errors_name_the_problem(tmp_path, capsys):
 
 
 def test_pca_comparison_figure_of_two_backbones(dino_run, tmp_path, capsys):
-    from timm_recursive.analysis import attention_maps
+    from timm_recursive.cli import attention_maps
     model = os.path.join(dino_run, 'model')
     out = str(tmp_path / 'figure')
     assert attention_maps.main(['--compare', f'entmax={model}', f'again={model}', '--dataset', 'digits',

@@ -9,6 +9,7 @@ import torch
 import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.analysis import point_in_box as pib
+from timm_recursive.cli import point_in_box as point_in_box_command
 from timm_recursive.layers import entmax_attention
 from timm_recursive.runs.export import export_model
 
@@ -103,7 +104,7 @@ def test_command_writes_the_json_and_the_plot(tiny_checkpoints, tmp_path, capsys
     compare = [f'{name}={path}' for name, path in tiny_checkpoints.items()]
     for dataset, box in ((canvases, 'foreground'), ('digits', 'tile')):  # compose canvases, then composed here
         out = tmp_path / f'pib_{box}'
-        assert pib.main(['--compare', *compare, '--dataset', dataset, '--box', box, '--num-images', '6',
+        assert point_in_box_command.main(['--compare', *compare, '--dataset', dataset, '--box', box, '--num-images', '6',
                          '--batch-size', '4', '--out', str(out)]) == 0
         result = json.loads((out / 'point_in_box.json').read_text())
         assert result['canvases'] == 6 and result['img_size'] == 16 and result['box'] == box
@@ -131,4 +132,4 @@ def test_bad_input_is_one_error_line(argv, message, tiny_checkpoints, tmp_path, 
     capsys.readouterr()
     out = tmp_path / 'out'
     argv = ['--compare', f'softmax={tiny_checkpoints["softmax"]}', '--dataset', canvases, '--out', str(out), *argv]
-    assert_one_error_line(pib.main, argv, out, capsys, message)
+    assert_one_error_line(point_in_box_command.main, argv, out, capsys, message)

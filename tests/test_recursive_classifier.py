@@ -337,7 +337,7 @@ def test_summary_probe_measures_the_summary_not_the_readout():
 
 def test_summary_probe_command(tmp_path, capsys):
     from timm_recursive.cli.summary_probe import main
-    from timm_recursive.train import export_model
+    from timm_recursive.runs import export_model
     torch.manual_seed(0)
     export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=2), str(tmp_path / 'm'))
     assert main(['--checkpoint', str(tmp_path / 'm'), '--dataset', 'digits', '--train-samples', '300',
@@ -420,7 +420,7 @@ def test_interventions_measure_which_inputs_a_step_follows():
 
 def test_interventions_command(tmp_path, capsys):
     from timm_recursive.cli.recursion_interventions import main
-    from timm_recursive.train import export_model
+    from timm_recursive.runs import export_model
     torch.manual_seed(0)
     export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=2), str(tmp_path / 'm'))
     assert main(['--checkpoint', str(tmp_path / 'm'), '--dataset', 'digits', '--eval-samples', '101', '--markdown']) == 0

@@ -23,7 +23,12 @@ every marked piece in README.md, docs/ and experiments/; ``--check`` fails on an
 import importlib.util
 import pathlib
 import re
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional
+
+from timm_recursive.analysis.markdown import markdown_table, pct
+
+__all__ = ['GeneratedMarkdownError', 'Repository', 'import_file', 'load_study_tables', 'markdown_table', 'pct',
+           'render', 'tables_outside_generated_blocks']
 
 GEN_BLOCK = re.compile(r'<!-- gen: *(?P<key>[\w./-]+) *-->(?P<body>.*?)<!-- /gen -->', re.DOTALL)
 # a Markdown table row: starts with a pipe after optional indentation
@@ -32,21 +37,6 @@ TABLE_ROW = re.compile(r'^\s*\|')
 
 class GeneratedMarkdownError(ValueError):
     """A marker names a study or piece that does not exist, or markers are unbalanced."""
-
-
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """A GitHub-flavoured Markdown table; cells are written with ``str``."""
-    lines = ['| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)]
-    for row in rows:
-        if len(row) != len(header):
-            raise ValueError(f'row {list(row)} has {len(row)} cells for {len(header)} columns')
-        lines.append('| ' + ' | '.join(str(cell) for cell in row) + ' |')
-    return '\n'.join(lines)
-
-
-def pct(value: Optional[float], digits: int = 2) -> str:
-    """A percentage figure as the tables print it; a missing value is an em dash, never a guess."""
-    return '—' if value is None else f'{value:.{digits}f}'
 
 
 def import_file(module_path: pathlib.Path):

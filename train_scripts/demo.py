@@ -18,17 +18,20 @@ import os
 import subprocess
 import sys
 
+import timm
 import torch
 from torch.utils.data import DataLoader
 
-import timm
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.efficiency import format_table
-from timm_recursive.data import create_dataset_transform, resolve_dataset
-from timm_recursive.analysis.efficiency import build_reports
+from timm_recursive.analysis.efficiency import build_reports, format_table
+from timm_recursive.data import (
+    collate_classification,
+    create_dataset_transform,
+    resolve_dataset,
+)
 from timm_recursive.hub import HUB_ORG, export_run
-from timm_recursive.train import StepOutputs, collate_classification, evaluate_steps
 from timm_recursive.runs import run_dir_for
+from timm_recursive.train import StepOutputs, evaluate_steps
 
 TARGET = 95.0
 HERE = os.path.dirname(os.path.abspath(__file__))

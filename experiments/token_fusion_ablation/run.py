@@ -39,13 +39,20 @@ from typing import Dict, List, Tuple
 import torch
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.runs import checkout_commit
 from timm_recursive.analysis.timing import inference_speed
 from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget
-from timm_recursive.data import create_dataset_transform, resolve_dataset
+from timm_recursive.data import (
+    collate_classification,
+    create_dataset_transform,
+    resolve_dataset,
+)
 from timm_recursive.layers import FUSION_MODES, IMPORTANCE_SCORES, num_kept
-from timm_recursive.train import StepOutputs, collate_classification, evaluate_steps
-from timm_recursive.runs import create_model_from_checkpoint, write_json_atomic
+from timm_recursive.runs import (
+    checkout_commit,
+    create_model_from_checkpoint,
+    write_json_atomic,
+)
+from timm_recursive.train import StepOutputs, evaluate_steps
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # the checkout: experiments/<study>/run.py
 KEEP_RATES = (0.5, 0.6, 0.7, 0.8)

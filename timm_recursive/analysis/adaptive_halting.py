@@ -29,8 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 __all__ = ['fixed_step_predictions', 'adaptive_predictions', 'still_running', 'halting_study', 'threshold_table',
-           'still_running_table', 'add_halting_arguments', 'check_halting_arguments', 'measure_halting',
-           'COMPARED_STEPS']
+           'still_running_table', 'COMPARED_STEPS']
 
 COMPARED_STEPS = (1, 4, 8, 16)  # the fixed readouts each threshold is compared with (those the model has)
 
@@ -153,7 +152,7 @@ def halting_study(
 
 def threshold_table(result: Dict[str, object]) -> str:
     """Markdown: one row per threshold, then the fixed readouts it is compared with."""
-    from tools.generated_markdown import markdown_table, pct
+    from timm_recursive.analysis.markdown import markdown_table, pct
     compared = [s for s in COMPARED_STEPS if s <= result['num_steps']]
     header = ['halting', 'top-1 (%)', *[f'vs step {s} (points, 95% CI)' for s in compared], 'mean steps',
               'median', 'max', 'MMACs / image', 'MACs vs full', 'images/s', 'speed vs full']
@@ -177,7 +176,7 @@ def threshold_table(result: Dict[str, object]) -> str:
 
 def still_running_table(result: Dict[str, object], threshold: float) -> str:
     """Markdown: for one threshold, per step, the images still running and their accuracy at step 1 and there."""
-    from tools.generated_markdown import markdown_table, pct
+    from timm_recursive.analysis.markdown import markdown_table, pct
     row = next(r for r in result['thresholds'] if r['threshold'] == threshold)
     rows = [[s['step'], s['images'], pct(s['top1_step1']), pct(s['top1']), f"{s['top1'] - s['top1_step1']:+.2f}"]
             for s in row['still_running']]

@@ -64,7 +64,7 @@ def labelled_batches(rows, transform, count: int, batch_size: int = 500) -> List
     A single row left over at the end joins the batch before it: a one-image batch has no other
     image to pair with (the interventions' swaps).
     """
-    from timm_recursive.train import collate_classification
+    from timm_recursive.data import collate_classification
     rows = rows.select(range(min(count, len(rows)))).with_transform(transform)
     starts = list(range(0, len(rows), batch_size))
     if len(starts) > 1 and len(rows) - starts[-1] == 1:

@@ -13,10 +13,9 @@ from timm_recursive.analysis.attention_maps import (
     write_pca_comparison,
     write_report,
 )
+from timm_recursive.analysis.images import dataset_images, load_images
 from timm_recursive.layers import EntmaxAttention
 from timm_recursive.runs.files import write_json_atomic
-
-from timm_recursive.analysis.images import dataset_images, load_images
 
 
 def print_sparsity(stats: Dict[str, list], prefix: str = '') -> None:

@@ -21,7 +21,11 @@ from torch.utils.data import DataLoader
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.adaptive_halting import threshold_table
-from timm_recursive.cli.adaptive_halting import add_halting_arguments, check_halting_arguments, measure_halting
+from timm_recursive.cli.adaptive_halting import (
+    add_halting_arguments,
+    check_halting_arguments,
+    measure_halting,
+)
 from timm_recursive.cli.args import (
     add_data_arguments,
     add_model_arguments,
@@ -30,10 +34,14 @@ from timm_recursive.cli.args import (
     non_negative_int,
     positive_int,
 )
-from timm_recursive.data import DatasetError, create_dataset_transform
+from timm_recursive.data import (
+    DatasetError,
+    collate_classification,
+    create_dataset_transform,
+)
 from timm_recursive.runs.checkpoint import CheckpointError
 from timm_recursive.runs.files import write_json_atomic
-from timm_recursive.train.evaluate import collate_classification, evaluate_steps
+from timm_recursive.train.evaluate import evaluate_steps
 from timm_recursive.train.losses import StepOutputs
 
 

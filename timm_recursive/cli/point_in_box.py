@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     import timm_recursive  # noqa: F401  registers the models
     from timm_recursive.cli.args import positive_int
 
-    from .command import status_of
+    from timm_recursive.cli.common import status_of
     parser = argparse.ArgumentParser(description='Point-in-Box: per block, the share of patch attention inside '
                                                  'the object box of the patch, for several ViT backbones')
     parser.add_argument('--compare', nargs='+', required=True, metavar='NAME=CHECKPOINT',

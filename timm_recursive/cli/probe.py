@@ -68,6 +68,7 @@ from timm_recursive.cli.args import (
 )
 from timm_recursive.data import (
     DatasetError,
+    collate_classification,
     create_dataset_transform,
     image_mode,
     resolve_dataset,
@@ -81,7 +82,6 @@ from timm_recursive.data import (
 from timm_recursive.runs import create_classifier, create_model_from_checkpoint
 from timm_recursive.runs.checkpoint import CheckpointError
 from timm_recursive.runs.files import replace_dir, write_json_atomic
-from timm_recursive.train.evaluate import collate_classification
 
 
 def add_probe_arguments(p) -> None:

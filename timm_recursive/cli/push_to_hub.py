@@ -17,7 +17,7 @@ import sys
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.hub import HUB_ORG, HubError, export_run, push_to_hub
-from timm_recursive.runs import run_folder
+from timm_recursive.runs import RunRecordError, run_folder
 
 
 def main(argv=None) -> int:
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
             return 2
         url = push_to_hub(out, args.repo_id, token=args.token, private=args.private, revision=args.revision)
         print(f'uploaded to {url}')
-    except HubError as e:
+    except (HubError, RunRecordError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     return 0

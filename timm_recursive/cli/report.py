@@ -21,14 +21,18 @@ from timm_recursive.cli.args import add_data_arguments, dataset_from_arguments
 
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401  registers the models
-    from timm_recursive.cli.adaptive_halting import add_halting_arguments, check_halting_arguments, measure_halting
+    from timm_recursive.cli.adaptive_halting import (
+        add_halting_arguments,
+        check_halting_arguments,
+        measure_halting,
+    )
     from timm_recursive.cli.args import add_model_arguments, model_from_arguments
     from timm_recursive.data import (
         DatasetError,
+        collate_classification,
         create_dataset_transform,
     )
     from timm_recursive.runs import CheckpointError
-    from timm_recursive.train import collate_classification
 
     p = argparse.ArgumentParser(description='Step-by-step report on a recursive classifier (plots + report.md)')
     add_model_arguments(p)

@@ -6,10 +6,9 @@ What it measures and how: ``timm_recursive.analysis.token_fusion_maps``.
 """
 import argparse
 
+from timm_recursive.analysis.images import load_images
 from timm_recursive.analysis.token_fusion_maps import write_maps
 from timm_recursive.layers import apply_token_fusion
-
-from timm_recursive.analysis.images import load_images
 
 
 def main(argv=None) -> int:

@@ -65,6 +65,7 @@ from timm_recursive.cli.args import (
 from timm_recursive.data import (
     DatasetError,
     RepeatAugBatches,
+    collate_classification,
     create_dataset_transform,
     hold_out,
     resolve_model_data_config,
@@ -83,7 +84,7 @@ from timm_recursive.runs.checkpoint import (
 )
 from timm_recursive.runs.export import export_model
 from timm_recursive.runs.files import write_json_atomic
-from timm_recursive.train.evaluate import collate_classification, evaluate_steps
+from timm_recursive.train.evaluate import evaluate_steps
 from timm_recursive.train.losses import (
     STEP_WEIGHTINGS,
     StepOutputs,

@@ -26,25 +26,51 @@ model's pretrained config and adapts every image to the model's channels (graysc
 ``RepeatAugBatches`` (``samplers.py``) is timm's ``--aug-repeats`` sampler for a loader that Accelerate shards;
 ``DatasetError`` (``errors.py``) is the error of them all.
 
-``datasets`` and scikit-learn, in the optional ``[train]`` extra, are imported in the functions that use them:
-this package is imported without them too, by ``timm_recursive.models`` for ``DATASET_ALIASES`` (the train
-command that the error of an unpublished pretrained tag names).
+The package needs the ``[train]`` extra (``datasets``); ``import timm_recursive`` and the models never import it.
 """
 from .dense import (
-    DEPTH_COLUMNS, DEPTH_IMAGE_MODES, MASK_COLUMNS, SEGMENTATION_IGNORE_INDEX, TORCHVISION_SEGMENTATION, DepthSplits,
-    SegmentationSplits, cityscapes_train_ids, resolve_depth_dataset, resolve_segmentation_dataset, to_depth_array,
-    to_mask_array)
+    DEPTH_COLUMNS,
+    DEPTH_IMAGE_MODES,
+    MASK_COLUMNS,
+    SEGMENTATION_IGNORE_INDEX,
+    TORCHVISION_SEGMENTATION,
+    DepthSplits,
+    SegmentationSplits,
+    cityscapes_train_ids,
+    resolve_depth_dataset,
+    resolve_segmentation_dataset,
+    to_depth_array,
+    to_mask_array,
+)
 from .errors import DatasetError
 from .idx import IDX_CLASS_NAMES, IDX_DIRS, read_idx
 from .samplers import RepeatAugBatches
 from .sources import (
-    DATASET_ALIASES, IMAGE_COLUMNS, LABEL_COLUMNS, TIMM_PREFIXES, UNSUPPORTED_TIMM_PREFIXES, DatasetSplits, hold_out,
-    load_class_map, load_dataset_dict, resolve_dataset, split_dataset_prefix)
-from .transforms import create_dataset_transform, image_mode, quiet_channel_warnings, resolve_model_data_config, to_pil
+    DATASET_ALIASES,
+    IMAGE_COLUMNS,
+    LABEL_COLUMNS,
+    TIMM_PREFIXES,
+    UNSUPPORTED_TIMM_PREFIXES,
+    DatasetSplits,
+    hold_out,
+    load_class_map,
+    load_dataset_dict,
+    resolve_dataset,
+    split_dataset_prefix,
+)
+from .transforms import (
+    collate_classification,
+    create_dataset_transform,
+    image_mode,
+    quiet_channel_warnings,
+    resolve_model_data_config,
+    to_pil,
+)
 
 __all__ = [
     'DATASET_ALIASES', 'IDX_DIRS', 'DatasetSplits', 'DatasetError', 'resolve_dataset', 'read_idx',
-    'create_dataset_transform', 'hold_out', 'load_dataset_dict', 'resolve_model_data_config', 'image_mode', 'to_pil',
+    'create_dataset_transform', 'collate_classification', 'hold_out', 'load_dataset_dict', 'resolve_model_data_config',
+    'image_mode', 'to_pil',
     'SegmentationSplits', 'resolve_segmentation_dataset', 'to_mask_array', 'split_dataset_prefix', 'load_class_map',
     'RepeatAugBatches', 'TORCHVISION_SEGMENTATION', 'cityscapes_train_ids', 'DepthSplits', 'resolve_depth_dataset',
     'to_depth_array',

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
 
+import datasets
 import numpy as np
 from PIL import Image
 from torchvision.datasets import Cityscapes, VOCSegmentation
@@ -19,8 +20,6 @@ from torchvision.datasets import Cityscapes, VOCSegmentation
 from .errors import DatasetError, _first_line
 from .sources import IMAGE_COLUMNS, _pick, load_dataset_dict, split_dataset_prefix
 from .transforms import _decode_image, to_pil
-
-# datasets (the optional [train] extra) is imported in the functions that use it: see the package docstring
 
 MASK_COLUMNS = ('mask', 'annotation', 'segmentation', 'semantic_segmentation', 'label')
 DEPTH_COLUMNS = ('depth', 'depth_map')
@@ -97,7 +96,6 @@ def _load_torchvision_segmentation(name: str, data_dir: Optional[str], splits: S
     ``datasets.Dataset`` s of ``image`` and ``mask`` (file paths, decoded when read). VOC's palette masks are
     its class indices already (255 on object boundaries); Cityscapes' label ids are mapped to train ids
     (``cityscapes_train_ids``) once, in datasets' cache."""
-    import datasets
     if data_dir is None:
         raise DatasetError(f'torch/{name} reads its official folders from --data-dir: give the folder')
     features = datasets.Features({'image': datasets.Image(), 'mask': datasets.Image()})

@@ -6,11 +6,10 @@ import gzip
 import os
 from typing import List, Optional, Sequence, Tuple
 
+import datasets
 import numpy as np
 
 from .errors import DatasetError
-
-# datasets (the optional [train] extra) is imported in the functions that use it: see the package docstring
 
 # where the IDX fallbacks look, in order (TIMM_RECURSIVE_IDX_DIR first when set)
 IDX_DIRS = {
@@ -57,7 +56,6 @@ def _has_idx(directory: str) -> bool:
 
 
 def _load_idx_dir(directory: str, class_names: Optional[List[str]] = None):
-    import datasets
     arrays = {}
     for split, stem in _IDX_FILES.items():
         images = read_idx(_find_idx(directory, stem))
@@ -76,7 +74,6 @@ def _load_idx_dir(directory: str, class_names: Optional[List[str]] = None):
 
 def _array_dataset(images: np.ndarray, labels: np.ndarray, class_names: Sequence[str]):
     """A ``datasets.Dataset`` of uint8 images (N, H, W) or (N, H, W, C) and their class indices."""
-    import datasets
     array_feature = datasets.Array2D if images.ndim == 3 else datasets.Array3D
     return datasets.Dataset.from_dict({'image': images, 'label': labels.astype(np.int64)}, features=datasets.Features({
         'image': array_feature(shape=images.shape[1:], dtype='uint8'),

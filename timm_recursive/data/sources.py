@@ -8,15 +8,20 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import datasets
 import numpy as np
 from timm.data import create_dataset
 from timm.data.readers.class_map import load_class_map as timm_load_class_map
 
 from .errors import DatasetError, _first_line
-from .idx import IDX_CLASS_NAMES, IDX_DIRS, _array_dataset, _has_idx, _idx_fallback, _load_idx_dir
-
-# datasets and scikit-learn (the optional [train] extra) are imported in the functions that use them: see the
-# package docstring
+from .idx import (
+    IDX_CLASS_NAMES,
+    IDX_DIRS,
+    _array_dataset,
+    _has_idx,
+    _idx_fallback,
+    _load_idx_dir,
+)
 
 DATASET_ALIASES = {
     'cifar10': 'uoft-cs/cifar10',
@@ -44,7 +49,7 @@ class DatasetSplits:
 
 
 def _load_digits():
-    import datasets
+    # scikit-learn only for the bundled digits: importing it costs about a second
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -65,7 +70,6 @@ def _is_saved_dataset(path: str) -> bool:
 
 
 def _load_local(path: str):
-    import datasets
     if _is_saved_dataset(path):
         return datasets.load_from_disk(path), f'save_to_disk folder {path}'
     if _has_idx(path):
@@ -86,7 +90,6 @@ def _load_local(path: str):
 
 def _load_named(name: str, dataset_config: Optional[str] = None, data_dir: Optional[str] = None):
     """Hub dataset id or alias; returns (DatasetDict, source, notes)."""
-    import datasets
     hub_id = DATASET_ALIASES.get(name, name)
     try:
         return (datasets.load_dataset(hub_id, dataset_config, cache_dir=data_dir),
@@ -117,7 +120,6 @@ def split_dataset_prefix(name: str) -> Tuple[str, str]:
 def _load_hugging_face(name: str, dataset_config: Optional[str], data_dir: Optional[str], streaming: bool):
     """``hfds/`` and ``hfids/``: ``datasets.load_dataset`` of a Hub id or local path (a ``save_to_disk`` folder
     is memory-mapped, never streamed), cached under ``data_dir`` as timm's Hugging Face readers do."""
-    import datasets
     if _is_saved_dataset(name):
         return datasets.load_from_disk(name), f'save_to_disk folder {name}'
     try:
@@ -131,7 +133,6 @@ def _load_torchvision(name: str, data_dir: Optional[str], download: bool, splits
     """``torch/<name>``: the torchvision dataset ``timm.data.create_dataset`` builds for each split in
     ``data_dir``, as a ``datasets.Dataset``: the arrays of one held in memory (the MNIST family, CIFAR) or
     the image files of a folder one (``torch/folder``, ``torch/imagenet``)."""
-    import datasets
     if data_dir is None:
         raise DatasetError(f'torch/{name} reads its files from --data-dir (data_dir): give the folder')
     dd = {}
@@ -156,7 +157,6 @@ def _load_torchvision(name: str, data_dir: Optional[str], download: bool, splits
 def _read_stream(dataset, rows: Optional[int], split: str, source: str):
     """The first ``rows`` rows of a streamed split as an in-memory ``datasets.Dataset``: only their shards
     are fetched. Images stay encoded (``decode(False)``) rather than decoded and encoded again."""
-    import datasets
     if rows is None:
         raise DatasetError(f'{source} streams split {split!r}: give the rows to read (train.py --max-train-samples '
                            f'and --max-eval-samples), or load it whole with hfds/')
@@ -178,7 +178,6 @@ def load_class_map(path: str, data_dir: Optional[str] = None) -> Dict[str, int]:
 def _apply_class_map(dataset, label_column: str, class_to_idx: Dict[str, int], split: str):
     """The rows of ``dataset`` whose class is in ``class_to_idx``, labelled with its index, as timm's folder
     reader keeps them; a label is matched by its class name (``ClassLabel``) or its value as text."""
-    import datasets
     feature = dataset.features[label_column]
     names = list(feature.names) if hasattr(feature, 'names') else None
     classes = [names[label] if names else str(label) for label in dataset[label_column]]
@@ -214,7 +213,6 @@ def load_dataset_dict(name, data_dir: Optional[str] = None, dataset_config: Opti
     config name, ``download`` lets ``torch/`` datasets download into ``data_dir`` (``hfids/``: download whole
     instead of streaming), and ``splits`` names the train and eval splits a ``torch/`` dataset is built for.
     A streamed split is a ``datasets.IterableDataset`` (``resolve_dataset`` reads the rows it uses)."""
-    import datasets
     if isinstance(name, datasets.DatasetDict):
         return name, f'a DatasetDict of splits {list(name)}', []
     if isinstance(name, datasets.Dataset):
@@ -275,7 +273,6 @@ def resolve_dataset(
     class map file (``load_class_map``): only the rows of its classes are kept, labelled with its indices.
     ``streamed_rows`` are the rows read of a streamed (``hfids/``) train and eval split.
     """
-    import datasets
     dd, source, notes = load_dataset_dict(name, data_dir, dataset_config, download,
                                           splits=(train_split or 'train', eval_split or 'validation'))
     dd = dict(dd)  # splits are replaced below (streamed rows, class map): never in the caller's DatasetDict

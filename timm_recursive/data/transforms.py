@@ -5,9 +5,10 @@ converts every image to the model's channels, grayscale or RGB (``image_mode``, 
 import contextlib
 import io
 import logging
-from typing import Callable
+from typing import Callable, Dict, List
 
 import numpy as np
+import torch
 from PIL import Image
 from timm.data import create_transform, resolve_data_config
 
@@ -103,3 +104,11 @@ def create_dataset_transform(
         }
 
     return apply
+
+
+def collate_classification(batch: List[dict]) -> Dict[str, torch.Tensor]:
+    """Stack ``create_dataset_transform`` samples into ``pixel_values`` (B, C, H, W) and ``label`` (B,)."""
+    return {
+        'pixel_values': torch.stack([b['pixel_values'] for b in batch]),
+        'label': torch.tensor([int(b['label']) for b in batch], dtype=torch.long),
+    }

@@ -7,6 +7,6 @@
 
 Run folders, states, checkpoints and exports are ``timm_recursive.runs``; the commands are ``timm_recursive.cli``.
 """
-from .evaluate import collate_classification, evaluate_steps
+from .evaluate import evaluate_steps
 from .losses import STEP_WEIGHTINGS, StepOutputs, deep_supervision_loss, step_weights
 from .run import EpochMeter, RunLoop, SeededSamples, StopRequest, step_seed

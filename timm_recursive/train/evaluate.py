@@ -1,20 +1,12 @@
-"""Top-1/top-5 accuracy at every recursion step, and the batches it reads."""
+"""Top-1/top-5 accuracy at every recursion step."""
 import time
-from typing import Dict, List
+from typing import Dict
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ['collate_classification', 'evaluate_steps']
-
-
-def collate_classification(batch: List[dict]) -> Dict[str, torch.Tensor]:
-    """Stack ``create_dataset_transform`` samples into ``pixel_values`` (B, C, H, W) and ``label`` (B,)."""
-    return {
-        'pixel_values': torch.stack([b['pixel_values'] for b in batch]),
-        'label': torch.tensor([int(b['label']) for b in batch], dtype=torch.long),
-    }
+__all__ = ['evaluate_steps']
 
 
 @torch.no_grad()
