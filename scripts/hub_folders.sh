@@ -5,7 +5,7 @@
 # experiments/recursion_refinement/ablations.sh does; default runs/ablations) and the demo's run (`make demo`).
 # Repo ids are HUB_ORG/<arch>.<tag> (HUB_ORG from timm_recursive.hub, the one place it is defined).
 # Usage: scripts/hub_folders.sh [ROOT]
-# Upload one with: python train_scripts/push_to_hub.py RUN --repo-id ORG/NAME --weights ...
+# Upload one with: timm-recursive push-to-hub RUN --repo-id ORG/NAME --weights ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 org=$(.venv/bin/python -c 'from timm_recursive.hub import HUB_ORG; print(HUB_ORG)')

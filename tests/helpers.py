@@ -1,6 +1,7 @@
 """Shared by the tests: the command-line commands as modules, a training run of a few seconds, the check
 that bad input is one error line, and a Hub checkpoint laid into an offline cache."""
 import importlib
+import json
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,3 +42,12 @@ def cache_hub_checkpoint(cache_dir, monkeypatch, repo_id: str, state_dict) -> No
     (repo / 'refs' / 'main').write_text('0' * 40)
     safetensors.torch.save_file(state_dict, str(snapshot / 'model.safetensors'))
     monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(cache_dir))
+
+
+TIMING_FIELDS = ('train_images_per_s', 'eval_images_per_s', 'wall_time_s')
+
+
+def measured_metrics(run_dir: str):
+    """A run's ``metrics.jsonl`` without its timing fields: what a rerun of the same command must repeat."""
+    with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
+        return [{k: v for k, v in json.loads(line).items() if k not in TIMING_FIELDS} for line in f]

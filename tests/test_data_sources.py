@@ -80,7 +80,8 @@ def test_a_data_dir_alone_is_a_folder_dataset_and_the_class_map_picks_its_classe
     assert (recorded['data_dir'], recorded['class_map']) == (folder, str(class_map))
     assert recorded['eval_split'] == 'validation'
     assert summary['num_classes'] == 2 and summary['class_names'] == ['eel', 'cat']
-    assert (summary['train_images'], summary['eval_images']) == (8, 8)  # the dogs are left out
+    # the dogs are left out; 1 of the 8 training images chooses the exported epoch
+    assert (summary['train_images'], summary['selection_images'], summary['eval_images']) == (7, 1, 8)
     splits = resolve_dataset('', data_dir=folder, class_map=str(class_map))
     pixels = np.array([np.asarray(image).mean() for image in splits.train['image']])
     labels = np.asarray(splits.train['label'])
@@ -135,7 +136,8 @@ def test_hfids_names_stream_only_the_rows_used(tmp_path, monkeypatch):
     assert streamed[-1] is False and len(whole.train) == 200
     run = tmp_path / 'run'
     assert train_script.main(_tiny_run('--dataset', f'hfids/{folder}', '--output', str(run))) == 0
-    assert _run_files(run)[1]['train_images'] == 64  # TINY_RUN's --max-train-samples: the rows read
+    summary = _run_files(run)[1]  # TINY_RUN's --max-train-samples: the rows read, 10% of them held out to select
+    assert summary['train_images'] + summary['selection_images'] == 64 and summary['selection_images'] == 7
 
 
 def _transformed(model, image, is_training=False, **transform_kwargs):

@@ -41,7 +41,7 @@ def test_collect_then_tables(tmp_path):
     pib = {'pib': [0.4, 0.3], 'chance': [0.2, 0.2], 'patch_mass': [0.9, 0.8]}
     (tmp_path / 'point_in_box.json').write_text(json.dumps({'canvases': 64, 'img_size': 56, 'backbones': {
         'entmax': pib, 'reg4': {**pib, 'pib': [0.35, 0.25]}}}))
-    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path)], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path), '--allow-dirty'], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     results = json.loads((tmp_path / 'results.json').read_text())
     assert sorted(results) == ['entmax', 'reg4', 'specialized']
@@ -49,7 +49,7 @@ def test_collect_then_tables(tmp_path):
     assert results['entmax']['pretraining']['loss_per_epoch'] == [6.2, 5.9, 5.5]
     assert results['reg4']['point_in_box']['pib'] == [0.35, 0.25] and results['reg4']['point_in_box']['canvases'] == 64
     assert 'linear' not in results['specialized'] and 'point_in_box' not in results['specialized']
-    assert set(results['entmax']['collected']) == {'date', 'commit'}
+    assert {'date', 'commit', 'dirty', 'command', 'versions', 'threads', 'hardware'} <= set(results['entmax']['collected'])
 
     (tmp_path / 'source.json').write_text((STUDY / 'results' / 'source.json').read_text())
     pieces = import_file(STUDY / 'tables.py').tables(tmp_path)
@@ -76,7 +76,7 @@ def test_collect_then_tables(tmp_path):
 
 
 def test_collect_refuses_an_empty_root(tmp_path):
-    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path)], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path), '--allow-dirty'], capture_output=True, text=True)
     assert result.returncode == 2 and 'no finished variant' in result.stderr
 
 
@@ -85,7 +85,7 @@ def test_collect_refuses_a_variant_folder_without_its_metrics_or_summary(tmp_pat
     _variant_run(tmp_path / 'reg4', 'vit_small_patch16_224', 44.0, reg_tokens=4)
     for variant, missing in (('reg4', 'metrics.jsonl'), ('entmax', 'summary.json')):
         (tmp_path / variant / missing).unlink()
-        result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path)], capture_output=True,
+        result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path), '--allow-dirty'], capture_output=True,
                                 text=True)
         assert result.returncode == 2 and result.stdout == ''
         assert result.stderr.startswith(f'error: no {missing} in {tmp_path / variant} (') and \
@@ -95,6 +95,6 @@ def test_collect_refuses_a_variant_folder_without_its_metrics_or_summary(tmp_pat
 
 def test_collect_refuses_a_root_that_is_not_a_folder(tmp_path):
     root = tmp_path / 'nope'
-    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(root)], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(root), '--allow-dirty'], capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr == f"error: {root} is not a folder (the runs' root, run.sh's output)\n"

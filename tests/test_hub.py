@@ -166,7 +166,7 @@ def test_push_script_dry_run_and_errors(run_dir, tmp_path, capsys):
     assert push_script.main([run_dir, '--out', out, '--dry-run']) == 0
     assert sorted(os.listdir(out)) == ['README.md', 'config.json', 'model.safetensors']
     card = open(os.path.join(out, 'README.md')).read()
-    assert 'best epoch' in card and 'optimistic' in card  # best selected on the test split says so
+    assert 'best epoch' in card and 'selected on train holdout 10% (images not in the test figures)' in card
     assert push_script.main([str(tmp_path), '--dry-run']) == 2
     assert 'not a finished training run' in capsys.readouterr().err
     pickle_out = str(tmp_path / 'with_pickle')

@@ -78,7 +78,7 @@ def test_a_flat_class_folder_trains_with_val_fraction_alone(tmp_path, capsys):
     data = _class_folders(tmp_path / 'data')
     base = [a for a in TINY_RUN if a not in ('digits',)]
     base[base.index('--dataset') + 1:base.index('--dataset') + 1] = [data]
-    assert train_script.main(base + ['--epochs', '1', '--output', str(tmp_path / 'no_eval')]) == 2
+    assert train_script.main(base + ['--epochs', '1', '--val-fraction', '0', '--output', str(tmp_path / 'no_eval')]) == 2
     assert 'only a \'train\' split' in capsys.readouterr().err
     run = tmp_path / 'run'
     assert train_script.main(base + ['--epochs', '1', '--val-fraction', '0.25', '--output', str(run)]) == 0

@@ -10,7 +10,7 @@
 #   2. measures the confidence and change exits on the reference model and the learned head's exit on
 #      each PonderNet model, with each run's last epoch's weights on the first 5,000 test images, into
 #      OUTPUT_ROOT/<criterion>.json (halting_beta<BETA>.json for the other ponder weights)
-#      (python -m timm_recursive.cli adaptive-halting; a measurement already there is kept);
+#      (timm-recursive adaptive-halting; a measurement already there is kept);
 #   3. with --save, copies the measurements and the runs' records into HALTING_RESULTS
 #      (experiments/adaptive_halting/results/) and draws the figure there (the only step that changes
 #      results/).
@@ -56,7 +56,7 @@ measure() {  # RUN CRITERION RESULT THRESHOLD...
     if [ -f "$out/$result.json" ]; then echo "done: $out/$result.json"; return 0; fi
     state=$(last_state "$run")
     echo "measuring $result"
-    OMP_NUM_THREADS=$threads .venv/bin/python -m timm_recursive.cli adaptive-halting \
+    OMP_NUM_THREADS=$threads .venv/bin/timm-recursive adaptive-halting \
         --checkpoint "$state" --dataset fashion_mnist --eval-samples "$eval_samples" --timing-images 1000 --repeats 5 \
         --criterion "$criterion" --thresholds "$@" > "$out/$result.json.tmp"
     mv "$out/$result.json.tmp" "$out/$result.json"

@@ -15,9 +15,8 @@ import argparse
 import json
 import os
 import sys
-import time
 
-from timm_recursive.runs import checkout_commit
+from timm_recursive.runs import DirtyCheckoutError, provenance, require_clean_checkout, typed_command
 from timm_recursive.runs.files import write_json_atomic
 
 
@@ -36,7 +35,13 @@ def _read_json(path: str):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('root', help="the runs' root folder (run.sh's output)")
-    root = parser.parse_args(argv).root
+    parser.add_argument('--allow-dirty', action='store_true', help='collect from a checkout with uncommitted changes')
+    args = parser.parse_args(argv)
+    root = args.root
+    try:
+        require_clean_checkout(args.allow_dirty)
+    except DirtyCheckoutError as e:
+        parser.error(str(e))
     if not os.path.isdir(root):
         print(f'error: {root} is not a folder (the runs\' root, run.sh\'s output)', file=sys.stderr)
         return 2
@@ -63,7 +68,7 @@ def main(argv=None) -> int:
     # written after every variant's probes: a root gathered before has neither
     sparsity = _read_json(os.path.join(root, 'sparsity.json')) or {}
     pib = _read_json(os.path.join(root, 'point_in_box.json'))
-    collected = {'date': time.strftime('%Y-%m-%d', time.gmtime()), 'commit': checkout_commit() or 'not recorded'}
+    collected = provenance(typed_command('python experiments/dino_fashion_mnist/collect.py', argv))
     results = {}
     for variant, r in rows.items():
         results[variant] = {'model': r['summary']['model'], 'model_kwargs': r['summary']['model_kwargs'],

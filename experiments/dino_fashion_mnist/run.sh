@@ -23,12 +23,12 @@ canvases=${CANVASES:-600}
 linear_images=${LINEAR_IMAGES:-5000}
 probe_epochs=${PROBE_EPOCHS:-50}
 variants=(${VARIANTS:-softmax entmax reg4 specialized})
-py=".venv/bin/python"
+cli=".venv/bin/timm-recursive"
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"
 mkdir -p "$out"
 layers=(0 1 2 3)
 
-[ -d "$out/canvases" ] || $py train_scripts/probe.py compose --dataset fashion_mnist --out "$out/canvases" \
+[ -d "$out/canvases" ] || $cli probe compose --dataset fashion_mnist --out "$out/canvases" \
     --train-canvases "$canvases" --eval-canvases $((canvases / 2)) --depth
 
 declare -A models=([softmax]="vit_small_patch16_224" [entmax]="vit_small_entmax" [reg4]="vit_small_patch16_224"
@@ -36,20 +36,20 @@ declare -A models=([softmax]="vit_small_patch16_224" [entmax]="vit_small_entmax"
 declare -A extra=([softmax]="" [entmax]="" [reg4]="reg_tokens=4" [specialized]="")
 for variant in "${variants[@]}"; do
     (
-        $py train_scripts/train_dino.py --preset cpu28 --model "${models[$variant]}" \
+        $cli train-dino --preset cpu28 --model "${models[$variant]}" \
             --model-kwargs img_size=28 patch_size=4 embed_dim=192 depth=4 num_heads=3 ${extra[$variant]} \
             --dataset fashion_mnist --max-train-samples "$images" --epochs "$epochs" \
             --output "$out/$variant" --resume --no-progress
         probe=(--checkpoint "$out/$variant/model" --no-progress)
-        [ -f "$out/$variant/linear.json" ] || $py train_scripts/probe.py linear "${probe[@]}" \
+        [ -f "$out/$variant/linear.json" ] || $cli probe linear "${probe[@]}" \
             --dataset fashion_mnist --n-last-blocks 4 --max-train-samples "$linear_images" \
             --output "$out/$variant/linear.json"
         dense=("${probe[@]}" --dataset "$out/canvases" --img-size 56 --epochs "$probe_epochs" --layers "${layers[@]}")
-        [ -f "$out/$variant/segment.json" ] || $py train_scripts/probe.py segment "${dense[@]}" \
+        [ -f "$out/$variant/segment.json" ] || $cli probe segment "${dense[@]}" \
             --output "$out/$variant/segment.json"
-        [ -f "$out/$variant/segment_cls.json" ] || $py train_scripts/probe.py segment "${dense[@]}" --with-cls \
+        [ -f "$out/$variant/segment_cls.json" ] || $cli probe segment "${dense[@]}" --with-cls \
             --output "$out/$variant/segment_cls.json"
-        [ -f "$out/$variant/depth_cls.json" ] || $py train_scripts/probe.py depth "${dense[@]}" --with-cls \
+        [ -f "$out/$variant/depth_cls.json" ] || $cli probe depth "${dense[@]}" --with-cls \
             --output "$out/$variant/depth_cls.json"
     ) > "$out/$variant.log" 2>&1 &
 done
@@ -57,8 +57,8 @@ wait
 
 compare=()
 for variant in "${variants[@]}"; do compare+=("$variant=$out/$variant/model"); done
-$py -m timm_recursive.cli attention-maps --compare "${compare[@]}" --dataset "$out/canvases" --num-images 4 \
+$cli attention-maps --compare "${compare[@]}" --dataset "$out/canvases" --num-images 4 \
     --img-size 56 --out "$out"
-$py -m timm_recursive.cli point-in-box --compare "${compare[@]}" --dataset "$out/canvases" --num-images 64 \
+$cli point-in-box --compare "${compare[@]}" --dataset "$out/canvases" --num-images 64 \
     --img-size 56 --out "$out"
-$py experiments/dino_fashion_mnist/collect.py "$out"
+.venv/bin/python experiments/dino_fashion_mnist/collect.py "$out"

@@ -47,7 +47,7 @@ run() {  # NAME MODEL SEED [model kwargs...] [-- train.py arguments...]
     echo "training $name"
     mkdir -p "$(dirname "$out/$name")"
     # one thread per run by default: the runs themselves share the cores
-    OMP_NUM_THREADS=${ABLATION_THREADS:-1} .venv/bin/python train_scripts/train.py \
+    OMP_NUM_THREADS=${ABLATION_THREADS:-1} .venv/bin/timm-recursive train \
         --model "recursive_${model}_${size}.${dataset}" --model-kwargs num_steps=16 "${kwargs[@]}" \
         --dataset "$dataset" "${subset[@]}" --epochs "${ABLATION_EPOCHS:-4}" \
         --batch-size 128 --lr 1e-3 --weight-decay 0.05 --warmup-epochs 1 --clip-grad 1.0 \

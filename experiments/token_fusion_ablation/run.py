@@ -48,7 +48,10 @@ from timm_recursive.data import (
 )
 from timm_recursive.layers import FUSION_MODES, IMPORTANCE_SCORES, num_kept
 from timm_recursive.runs import (
-    checkout_commit,
+    DirtyCheckoutError,
+    provenance,
+    require_clean_checkout,
+    typed_command,
     create_model_from_checkpoint,
     write_json_atomic,
 )
@@ -162,7 +165,12 @@ def main(argv=None) -> int:
     p.add_argument('--alpha', type=float, default=0.1, help='weight of L_imp in the fine-tunes')
     p.add_argument('--beta', type=float, default=0.1, help='weight of L_div in the fine-tunes')
     p.add_argument('--repeats', type=int, default=3, help='timing repeats')
+    p.add_argument('--allow-dirty', action='store_true', help='save results from a checkout with uncommitted changes')
     args = p.parse_args(argv)
+    try:
+        require_clean_checkout(args.allow_dirty)
+    except DirtyCheckoutError as e:
+        p.error(str(e))
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     results_path = os.path.join(out, 'results.json')
@@ -286,7 +294,7 @@ def main(argv=None) -> int:
         save()
 
     results['this_session_s'] = time.perf_counter() - start
-    results.setdefault('finished', {'date': time.strftime('%Y-%m-%d', time.gmtime()), 'commit': checkout_commit()})
+    results.setdefault('finished', provenance(typed_command('python experiments/token_fusion_ablation/run.py', argv)))
     save()
     print(f'finished: {results_path}')
     return 0

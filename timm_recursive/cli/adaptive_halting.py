@@ -5,18 +5,16 @@
 What it measures and how: ``timm_recursive.analysis.adaptive_halting``.
 """
 import argparse
-import datetime
 import json
 import os
 import platform
 import time
 from typing import Dict, Optional
 
-import torch
 
 from timm_recursive.analysis.adaptive_halting import halting_study, threshold_table
 from timm_recursive.cli.args import add_data_arguments, dataset_from_arguments
-from timm_recursive.runs import checkout_commit
+from timm_recursive.runs.provenance import provenance, typed_command
 
 
 def halting_threshold(text: str) -> float:
@@ -117,10 +115,6 @@ def main(argv=None) -> int:
         result['wall_s'] = round(time.perf_counter() - started, 1)
         return result
 
-    provenance = {
-        'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-        'commit': checkout_commit(),
-        'machine': f'{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}',
-        **_training_progress(args.checkpoint),
-    }
-    return print_measurement(args, measure, threshold_table, **provenance)
+    record = {**provenance(typed_command('timm-recursive adaptive-halting', argv)),
+              'machine': f'{platform.machine()}, {os.cpu_count()} CPUs', **_training_progress(args.checkpoint)}
+    return print_measurement(args, measure, threshold_table, **record)

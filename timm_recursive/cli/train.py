@@ -35,7 +35,6 @@ import json
 import logging
 import math
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -74,7 +73,6 @@ from timm_recursive.layers import TokenFusionObjective, act_loss, ponder_net_los
 from timm_recursive.runs import (
     check_input_size,
     create_classifier,
-    describe_hardware,
     run_dir_for,
 )
 from timm_recursive.runs.checkpoint import (
@@ -84,6 +82,7 @@ from timm_recursive.runs.checkpoint import (
 )
 from timm_recursive.runs.export import export_model
 from timm_recursive.runs.files import write_json_atomic
+from timm_recursive.runs.provenance import provenance, typed_command
 from timm_recursive.train.evaluate import evaluate_steps
 from timm_recursive.train.losses import (
     STEP_WEIGHTINGS,
@@ -163,9 +162,9 @@ def parse_args(argv=None):
     g = p.add_argument_group('data')
     add_data_arguments(g, default=None, dataset_help=DATASET_HELP + ' (default: the folder of --data-dir when '
                                                                     'given, else digits)')
-    g.add_argument('--val-fraction', type=float, default=0.,
-                   help='hold out this fraction of the train split (stratified) to select the best model; '
-                        'with 0 the best model is selected on the eval split')
+    g.add_argument('--val-fraction', type=float, default=0.1,
+                   help='hold out this fraction of the train split (stratified, seed 0) to select the exported '
+                        'epoch; 0: select it on the eval split itself (the test split: optimistic figures)')
     g.add_argument('--max-train-samples', type=positive_int, default=None, help='use only the first N training images')
     g.add_argument('--max-eval-samples', type=positive_int, default=None, help='use only the first N eval images')
     g.add_argument('-j', '--workers', type=non_negative_int, default=0, help='data loader worker processes')
@@ -467,11 +466,28 @@ def load_splits(args):
     selection = None
     if args.val_fraction > 0:
         splits.train, selection = hold_out(splits.train, args.val_fraction, splits.label_column)
+        if len(selection) == 0:
+            raise DatasetError(f'--val-fraction {args.val_fraction:g} of {len(splits.train)} training images holds out '
+                               'none: raise it, or select on the eval split with --val-fraction 0')
     if args.max_train_samples:
         splits.train = splits.train.select(range(min(args.max_train_samples, len(splits.train))))
     if args.max_eval_samples:
         splits.eval = splits.eval.select(range(min(args.max_eval_samples, len(splits.eval))))
     return splits, selection
+
+
+def selection_split(val_fraction: float, eval_split: str) -> str:
+    """Which images chose the exported epoch, as ``summary.json``'s ``selection_split`` names them."""
+    return f'train holdout {100 * val_fraction:g}%' if val_fraction > 0 else eval_split
+
+
+def _epoch_record(history, best):
+    return next((r for r in history if best is not None and r['epoch'] == best['epoch']), None)
+
+
+def _test_figures(record: dict) -> dict:
+    return {'epoch': record['epoch'], 'top1': record['eval_top1'], 'top5': record['eval_top5'],
+            'loss': record['eval_loss'], 'top1_per_step': record['eval_top1_per_step']}
 
 
 def format_summary(rows, num_steps: int) -> str:
@@ -501,7 +517,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
     run_config = {k: getattr(args, k) for k in vars(args)} | {'seed': seed}
     run_config['model_kwargs'] = architecture_kwargs(args)
     run_config['lr'] = lr = learning_rate(args, accelerator.num_processes)
-    run_config['command'] = shlex.join(['python', 'train_scripts/train.py', *(sys.argv[1:] if argv is None else argv)])
+    run_config['command'] = typed_command('timm-recursive-train', argv)
     loop = RunLoop(accelerator, run_dir, run_config, RESUME_KEYS, seed=seed, epochs=args.epochs,
                    keep_states=args.keep_states, resume=args.resume, progress=not args.no_progress,
                    log_interval=args.log_interval)
@@ -686,14 +702,17 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
 
     final = loop.history[-1] if loop.history else None
     summary = {
+        **provenance(run_config['command'], accelerator, checkout=loop.session), 'sessions': loop.sessions,
         'model': args.model, 'model_kwargs': run_config['model_kwargs'], 'dataset': args.dataset, 'seed': seed,
         'num_processes': accelerator.num_processes, 'mixed_precision': args.mixed_precision,
-        'command': run_config['command'], 'hardware': describe_hardware(accelerator),
-        'train_images': len(train_ds), 'eval_images': len(eval_ds), 'class_names': label_names,
+        'train_images': len(train_ds), 'selection_images': len(select_ds) if select_ds is not None else 0,
+        'eval_images': len(eval_ds), 'eval_split': splits.eval_split, 'class_names': label_names,
         'dataset_source': splits.source, 'num_classes': num_classes, 'num_steps': num_steps,
         'epochs': loop.epochs, 'final': final, 'best': best, 'export_dir': export_dir,
-        'selection': 'held-out train fraction' if select_loader is not None else 'eval split',
-        'eval_metric': args.eval_metric,
+        'selection_split': selection_split(args.val_fraction, splits.eval_split), 'eval_metric': args.eval_metric,
+        # the eval split's figures of the exported model (the selected epoch) and of the last epoch, apart
+        'test': {name: _test_figures(record) for name, record in
+                 (('exported', _epoch_record(loop.history, best)), ('last', final)) if record is not None},
         'wall_time_s': final['wall_time_s'] if final else 0., 'this_session_s': time.perf_counter() - run_start,
     }
     loop.finish(summary)
@@ -708,11 +727,11 @@ def report(summaries, num_steps: int) -> str:
         text.append(f'final-step top-1 over {len(finals)} seeds: mean {statistics.mean(finals):.2f}%, '
                     f'std {statistics.stdev(finals):.2f}%')
     for s in summaries:
-        f = s['final']
-        text.append(f'seed {s["seed"]}: top-1 {f["eval_top1"]:.2f}%, top-5 {f["eval_top5"]:.2f}%, '
+        f, exported = s['final'], s['test']['exported']
+        text.append(f'seed {s["seed"]}: last epoch top-1 {f["eval_top1"]:.2f}%, top-5 {f["eval_top5"]:.2f}%, '
                     f'{f["train_images_per_s"]:.0f} train img/s, {f["eval_images_per_s"]:.0f} eval img/s, '
-                    f'{s["wall_time_s"] / 60:.1f} min; best epoch {s["best"]["epoch"]} (selected on '
-                    f'{s["selection"]}) exported to {s["export_dir"]}')
+                    f'{s["wall_time_s"] / 60:.1f} min; epoch {exported["epoch"]} selected on {s["selection_split"]} '
+                    f'(top-1 {exported["top1"]:.2f}% on {s["eval_split"]}) exported to {s["export_dir"]}')
     return '\n'.join(text)
 
 

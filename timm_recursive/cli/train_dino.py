@@ -27,7 +27,6 @@ import argparse
 import logging
 import math
 import os
-import shlex
 import sys
 
 import torch
@@ -56,11 +55,11 @@ from timm_recursive.data import (
 from timm_recursive.runs import (
     check_input_size,
     create_classifier,
-    describe_hardware,
     run_dir_for,
 )
 from timm_recursive.runs.checkpoint import CheckpointError, store_weights_as_timm
 from timm_recursive.runs.export import export_model
+from timm_recursive.runs.provenance import provenance, typed_command
 from timm_recursive.train.dino import (
     CollapseDetector,
     DINOHead,
@@ -177,7 +176,7 @@ def train(args, argv=None) -> dict:
     log = _logger.info if main else _logger.debug
     run_dir, seed = args.output, args.seed
     run_config = dict(vars(args), model_kwargs=dict(args.model_kwargs))
-    run_config['command'] = shlex.join(['python', 'train_scripts/train_dino.py', *(sys.argv[1:] if argv is None else argv)])
+    run_config['command'] = typed_command('timm-recursive-train-dino', argv)
     loop = RunLoop(accelerator, run_dir, run_config, RESUME_KEYS, seed=seed, epochs=args.epochs,
                    keep_states=args.keep_states, resume=args.resume, progress=not args.no_progress)
 
@@ -310,9 +309,9 @@ def train(args, argv=None) -> dict:
     history = loop.history
 
     summary = {
+        **provenance(run_config['command'], accelerator, checkout=loop.session), 'sessions': loop.sessions,
         'model': args.model, 'model_kwargs': dict(args.model_kwargs), 'dataset': args.dataset,
         'dataset_source': splits.source, 'train_images': len(train_ds), 'epochs': args.epochs,
-        'hardware': describe_hardware(accelerator), 'command': run_config['command'],
         'final': history[-1] if history else None, 'export_dir': export_dir,
         'wall_time_s': history[-1]['wall_time_s'] if history else 0.,
     }

@@ -3,6 +3,7 @@ local path, a Hub id or alias, timm's ``hfds/``, ``hfids/``, ``torch/`` and ``''
 ``resolve_dataset`` checks its train and eval splits and their image and label columns (``DatasetSplits``),
 holds out an eval split (``hold_out``) and applies timm's class map (``load_class_map``).
 """
+import math
 import os
 import pickle
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class DatasetSplits:
     class_names: Optional[List[str]] = None
     source: str = ''
     notes: List[str] = field(default_factory=list)
+    eval_split: str = 'eval'  # the name of the split ``eval`` is (``test``, ``validation``, ``heldout``, ...)
 
 
 def _load_digits():
@@ -317,12 +319,20 @@ def resolve_dataset(
                                f'outside 0..{num_classes - 1} (num_classes={num_classes})')
     return DatasetSplits(
         train=dd[train], eval=dd[evaluation], image_column=image, label_column=label, num_classes=num_classes,
-        class_names=class_names, source=source, notes=notes)
+        class_names=class_names, source=source, notes=notes, eval_split=evaluation)
 
 
 def hold_out(dataset, fraction: float, label_column: str):
     """``(rest, held_out)``: ``fraction`` of ``dataset`` held out, stratified by class labels when they are
-    a ``ClassLabel``, with a fixed seed (0) so that a resumed or repeated run holds out the same rows."""
-    stratify = label_column if hasattr(dataset.features[label_column], 'names') else None
+    a ``ClassLabel`` and the split can hold every class (at least two rows of each, and as many held-out rows
+    as classes: a handful of images cannot), with a fixed seed (0) so that a resumed or repeated run holds
+    out the same rows."""
+    stratify = None
+    feature = dataset.features[label_column]
+    if hasattr(feature, 'names'):
+        counts = np.bincount(np.asarray(dataset[label_column]), minlength=len(feature.names))
+        present = counts[counts > 0]
+        if present.min() >= 2 and math.ceil(fraction * len(dataset)) >= len(present):
+            stratify = label_column
     parts = dataset.train_test_split(test_size=fraction, seed=0, stratify_by_column=stratify)
     return parts['train'], parts['test']

@@ -22,6 +22,7 @@ from timm_recursive.runs import (
     load_run,
     replace_dir,
     run_folder,
+    selected_on,
 )
 
 from .cards import render_model_card
@@ -45,10 +46,10 @@ def _weights(run: Dict, which: str):
                 f'These weights are the teacher backbone of the last epoch ({epoch} of {summary["epochs"]}).')
     if which == 'best':
         epoch = summary['best']['epoch']
-        selection = summary.get('selection', 'eval split')
-        note = (f'These weights are the best epoch ({epoch} of {summary["epochs"]}) selected on the '
-                f'{selection}' + (' (the test split itself, so the figures are optimistic).'
-                                  if selection == 'eval split' else '.'))
+        selection = selected_on(summary)
+        note = (f'These weights are the best epoch ({epoch} of {summary["epochs"]}) selected on '
+                + ('the test split itself, so the figures are optimistic.' if selection == 'test'
+                   else f'{selection} (images not in the test figures).'))
         return create_model_from_checkpoint(run['dir']), epoch, note
     if which == 'last':
         epoch = summary['final']['epoch']

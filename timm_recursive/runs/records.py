@@ -3,7 +3,7 @@ import json
 import os
 from typing import Dict
 
-__all__ = ['RunRecordError', 'run_folder', 'load_run', 'is_dino_run', 'epoch_record']
+__all__ = ['RunRecordError', 'run_folder', 'load_run', 'is_dino_run', 'epoch_record', 'selected_on']
 
 
 class RunRecordError(RuntimeError):
@@ -55,3 +55,11 @@ def epoch_record(run: Dict, epoch: int) -> Dict:
     if record is None:
         raise RunRecordError(f'{run["dir"]}: no metrics recorded for epoch {epoch}')
     return record
+
+
+def selected_on(summary: Dict) -> str:
+    """The images that chose a run's exported epoch (``summary.json``'s ``selection_split``: ``train holdout
+    10%``, ``validation``, ``test``); runs recorded before that field named the eval split ``eval split``."""
+    if 'selection_split' in summary:
+        return summary['selection_split']
+    return 'test' if summary.get('selection', 'eval split') == 'eval split' else 'train holdout'

@@ -34,6 +34,7 @@ from timm_recursive.runs import (
     states_to_resume,
     write_json_atomic,
 )
+from timm_recursive.runs.provenance import checkout_state, utc_now
 
 __all__ = ['SeededSamples', 'StopRequest', 'EpochMeter', 'RunLoop', 'step_seed']
 
@@ -143,6 +144,17 @@ class EpochMeter:
     def means(self) -> Dict[str, float]:
         return {key: self.mean(key) for key in self._sums}
 
+    def state_dict(self) -> dict:
+        """The partial epoch's sums, counts, maxima, images and seconds: a state saved mid-epoch carries them, so
+        the resumed epoch logs what the uninterrupted one would."""
+        return {'images': self.images, 'sums': dict(self._sums), 'counts': dict(self._counts),
+                'maxima': dict(self._maxima), 'seconds': time.perf_counter() - self.start}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.images = state['images']
+        self._sums, self._counts, self._maxima = dict(state['sums']), dict(state['counts']), dict(state['maxima'])
+        self.start = time.perf_counter() - state['seconds']
+
     def stop_clock(self) -> None:
         self.train_time = time.perf_counter() - self.start
 
@@ -176,6 +188,11 @@ class RunLoop:
         self.candidates = states_to_resume(resume, self.checkpoint_dir, self.log)
         self.modules: Dict[str, nn.Module] = {}
         self.start_epoch, self.start_step, self.history = 0, 0, []
+        self.start_meter: Optional[dict] = None  # the resumed partial epoch's EpochMeter state
+        # the code this process runs (read now: a commit made while it trains is not its code), and every
+        # session's, a resumed run's earlier ones first
+        self.session = {**checkout_state(), 'started': utc_now()}
+        self.sessions = [self.session]
         self.run_id = uuid.uuid4().hex  # names this run's states for rotation (the main process writes them)
 
     def resume(self) -> dict:
@@ -187,6 +204,8 @@ class RunLoop:
         if state is not None:
             self.start_epoch, self.start_step = state['epoch'], state.get('step_in_epoch', 0)
             self.history = state.get('history', [])
+            self.start_meter = state.get('epoch_meter')
+            self.sessions = [*state.get('sessions', []), self.session]
             self.run_id = state.get('run_id', self.run_id)
             self.log(f'resumed from {path}: epoch {self.start_epoch}, step {self.start_step} of it')
         if self.accelerator.is_main_process:
@@ -198,9 +217,11 @@ class RunLoop:
             os.replace(self.metrics_path + '.tmp', self.metrics_path)
         return state or {}
 
-    def _save(self, epoch: int, step_in_epoch: int, extra: dict) -> str:
+    def _save(self, epoch: int, step_in_epoch: int, extra: dict, meter: Optional[EpochMeter] = None) -> str:
         state = {**extra, 'epoch': epoch, 'step_in_epoch': step_in_epoch, 'history': self.history,
-                 'run_id': self.run_id, 'run_config': self.run_config}
+                 'run_id': self.run_id, 'run_config': self.run_config, 'sessions': self.sessions}
+        if meter is not None:
+            state['epoch_meter'] = meter.state_dict()
         return save_numbered_state(self.accelerator, self.checkpoint_dir, state, self.keep_states, self.modules)
 
     def _stop_requested(self, stop: StopRequest) -> bool:
@@ -230,6 +251,8 @@ class RunLoop:
                 step = self.start_step if epoch == self.start_epoch else 0
                 batches = epoch_loader(accelerator, loader, shuffle_generator, self.seed, epoch, step)
                 meter = EpochMeter(accelerator.num_processes)
+                if epoch == self.start_epoch and step and self.start_meter is not None:
+                    meter.load_state_dict(self.start_meter)
                 bar = tqdm(batches, desc=f'epoch {epoch + 1}/{self.epochs}', disable=not (main and self.progress),
                            initial=step, total=len(loader), leave=False)
                 stopping = False
@@ -247,7 +270,7 @@ class RunLoop:
                         break
                 bar.close()
                 if stopping and step < len(loader):
-                    path = self._save(epoch, step, trainer_state())
+                    path = self._save(epoch, step, trainer_state(), meter)
                     self.log(f'stopped by {stop.name}: state saved to {path}; continue with --resume')
                     return path
                 meter.stop_clock()
