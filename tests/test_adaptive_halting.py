@@ -272,7 +272,8 @@ def test_study_command(tmp_path, capsys):
     assert high['mean_steps'] >= low['mean_steps'] and high['macs_per_image'] >= low['macs_per_image']
     assert low['macs_per_image'] == result['fixed'][0]['macs_per_image']
     assert list(low['vs_fixed']) == ['1', '4'] and low['vs_fixed']['1'] == {'gain': 0.0, 'ci95': 0.0}
-    assert result['matching'] is None or result['matching']['top1'] >= result['fixed'][-1]['top1']
+    # the cheapest matching threshold is chosen on the 135 training images a default run holds out
+    assert result['matching'] is None or result['matching']['chosen_on'] == '135 held-out training images'
     # every image halts at step 1 at threshold 0.1: nothing runs on, no image is hard
     assert low['still_running'] == [{'step': 1, 'images': 120, 'top1_step1': result['fixed'][0]['top1'],
                                      'top1': result['fixed'][0]['top1']}]
@@ -280,6 +281,11 @@ def test_study_command(tmp_path, capsys):
     running = [s['images'] for s in high['still_running']]
     assert running[0] == 120 and running == sorted(running, reverse=True) and len(running) == high['max_steps']
     assert running[1:] == [sum(high['step_histogram'][t:]) for t in range(1, len(running))]
+    # chosen on the evaluation images themselves only when asked, and then it matches there
+    assert main(args + ['--thresholds', '0.1', '0.99', '--val-fraction', '0']) == 0
+    matching = json.loads(capsys.readouterr().out)['matching']
+    assert matching is None or (matching['chosen_on'] == 'the evaluation images themselves'
+                                and matching['top1'] >= result['fixed'][-1]['top1'])
     assert high['hard_images']['images'] == 120 - high['step_histogram'][0]
     from timm_recursive.analysis.adaptive_halting import still_running_table
     assert still_running_table(result, 0.99).splitlines()[2].startswith('| 1 | 120 |')

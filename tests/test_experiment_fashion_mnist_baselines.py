@@ -11,10 +11,36 @@ tables = import_file(STUDY / 'tables.py')
 
 
 def _copy_kept_run(src_recipe, dst_results, recipe, model):
-    folder = dst_results / recipe / model
+    folder = dst_results / 'first_run' / recipe / model
     folder.mkdir(parents=True)
-    (folder / 'trace.json').write_text((STUDY / 'results' / src_recipe / model / 'trace.json').read_text())
+    (folder / 'trace.json').write_text((STUDY / 'results' / 'first_run' / src_recipe / model / 'trace.json').read_text())
     return folder
+
+
+def _held_out_run(results, model, seed, per_step, last_top1):
+    folder = results / 'held_out' / model / f'seed{seed}'
+    folder.mkdir(parents=True)
+    (folder / 'summary.json').write_text(json.dumps({
+        'seed': seed, 'epochs': 10, 'train_images': 54000, 'selection_images': 6000, 'eval_images': 10000,
+        'selection_split': 'train holdout 10%', 'wall_time_s': 2400.0, 'commit': 'abcdef0123', 'dirty': False,
+        'date': '2026-12-05T09:00:00Z', 'hardware': 'CPU, 1 thread', 'versions': {'torch': '2.14.1'},
+        'command': 'timm-recursive train ...',
+        'test': {'exported': {'epoch': 9, 'top1': per_step[-1], 'top1_per_step': per_step},
+                 'last': {'epoch': 10, 'top1': last_top1}}}))
+
+
+def test_held_out_runs_are_averaged_over_seeds_with_intervals(tmp_path):
+    for seed, (first, last) in enumerate(((90.0, 91.0), (90.2, 91.4), (90.4, 91.3))):
+        _held_out_run(tmp_path, 'recursive_dsa_moe_tiny', seed, [first] + [last] * 7, last - 0.1)
+        _held_out_run(tmp_path, 'recursive_sa_mlp_tiny', seed, [90.0] * 8, 90.0 + 0.1 * seed)
+    pieces = tables.tables(tmp_path)
+    # DSA-MoE's step-1 -> last change: 1.0, 1.2, 0.9 points; mean 1.03, t(2) = 4.303, sd 0.153
+    assert '| DSA-MoE | 0, 1, 2 | 10 | 54,000 / 6,000 / 10,000 | train holdout 10% |' in pieces['held_out']
+    assert '+1.03 (+0.65 to +1.41)' in pieces['held_out']
+    assert pieces['headline'].startswith('91.23% at step 8 vs 90.20% at step 1, change +1.03 (+0.65 to +1.41)')
+    assert pieces['variant_difference'].startswith('DSA-MoE minus SA-MLP: +1.23 (')
+    assert '| DSA-MoE | 3 | 90.20 | 91.23 |' in pieces['held_out_per_step']
+    assert '`abcdef0`' in pieces['held_out_provenance']
 
 
 def test_a_kept_training_record_replaces_the_exported_models_figures(tmp_path):
@@ -44,5 +70,6 @@ def test_recipes_are_ordered_by_epochs_and_dense_models_have_no_routing_or_spars
 
 def test_every_piece_is_generated_from_the_kept_results():
     pieces = tables.tables(STUDY / 'results')
-    assert pieces['headline'].startswith('91.26% at step 8 vs 91.06% at step 1') and '\n' not in pieces['headline']
+    assert '\n' not in pieces['headline']
+    assert '| DSA-MoE | 10 | exported model (epoch chosen on the test split) | 10000 | 91.06 |' in pieces['per_step']
     assert '| DSA-MoE | 10 | analytic, k = 6 | 0.0 | 0.0 | 0.0 | 0.0 | 14.3 | 25.0 | 33.3 | 40.0 |' in pieces['sparsity']

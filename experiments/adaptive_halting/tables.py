@@ -23,7 +23,8 @@ def _matching(result: Dict) -> str:
                 f"fixed steps")
     return (f"{result['criterion']} threshold {match['threshold']:g}: {pct(match['top1'])}% "
             f"(vs {pct(full['top1'])}% at {full['steps']} fixed steps) with {match['mean_steps']:.2f} steps "
-            f"on average, {match['macs_ratio']:.3f}x the multiply-adds and {match['speedup']:.2f}x the images/s")
+            f"on average, {match['macs_ratio']:.3f}x the multiply-adds and {match['speedup']:.2f}x the images/s; "
+            f"chosen on {match.get('chosen_on', 'the evaluation images themselves')}")
 
 
 def _histogram(result: Dict) -> str:

@@ -1,14 +1,18 @@
 """The FashionMNIST baselines' tables, generated from ``results/`` (never typed by hand).
 
-``results/<epochs>_epochs/<model>/`` holds what was kept of one run of ``train.sh``: ``trace.json``
-(``timm-recursive report`` on the run's exported model) and, once copied there from the run
-folder, its training record ``summary.json`` (last epoch: no selection on the test split), which the
-per-step table then prefers.
+``results/held_out/<model>/seed<S>/`` holds each finished run of ``train.sh`` under the held-out protocol
+(``summary.json``, ``metrics.jsonl``, ``args.json``): the exported epoch chosen on 10% of the training
+images, the test split reported for the exported and the last epoch, several seeds compared with 95%
+intervals. ``results/first_run/<epochs>_epochs/<model>/`` keeps the first runs (before the gradient path,
+the exported epoch chosen on the test split): ``trace.json`` (``timm-recursive report`` on the exported
+model) and, where it was kept, ``summary.json``.
 """
 import json
 import pathlib
+import statistics
 from typing import Dict, List, Optional
 
+from timm_recursive.analysis.intervals import difference_interval, format_interval, mean_interval
 from tools.generated_markdown import markdown_table
 
 MODELS = (('recursive_dsa_moe_tiny', 'DSA-MoE'), ('recursive_sa_moe_tiny', 'SA-MoE'),
@@ -21,9 +25,9 @@ def _read_json(path: pathlib.Path) -> Optional[dict]:
 
 
 def kept_runs(results: pathlib.Path) -> List[dict]:
-    """Every kept run, fewest epochs first: ``label``, ``epochs``, ``trace`` and ``summary`` (each or None)."""
+    """Every kept first run, fewest epochs first: ``label``, ``epochs``, ``trace`` and ``summary`` (each or None)."""
     runs = []
-    for recipe in sorted(results.glob('*_epochs'), key=lambda p: int(p.name.split('_')[0])):
+    for recipe in sorted((results / 'first_run').glob('*_epochs'), key=lambda p: int(p.name.split('_')[0])):
         for model, label in MODELS:
             folder = recipe / model
             if folder.is_dir():
@@ -121,17 +125,92 @@ def expert_load_table(runs: List[dict]) -> str:
     return markdown_table(['model', 'epochs', 'layer', 'experts', 'expert load over all steps, min - max (%)'], rows)
 
 
+def held_out_runs(results: pathlib.Path) -> Dict[str, List[dict]]:
+    """The held-out protocol's finished runs by variant label, seeds in order: each run's ``summary.json``."""
+    runs = {}
+    for model, label in MODELS:
+        seeds = sorted((results / 'held_out' / model).glob('seed*'), key=lambda p: int(p.name[len('seed'):]))
+        found = [_read_json(seed / 'summary.json') for seed in seeds]
+        if any(found):
+            runs[label] = [summary for summary in found if summary is not None]
+    return runs
+
+
+def _seeds(summaries: List[dict]) -> str:
+    return ', '.join(str(s['seed']) for s in summaries)
+
+
+def held_out_table(runs: Dict[str, List[dict]]) -> str:
+    """Per variant, over its seeds: test top-1 of the exported epoch (chosen on held-out training images) at
+    step 1 and at the last step, the step-1-to-last change, and the last epoch's top-1, with 95% intervals."""
+    rows = []
+    for label, summaries in runs.items():
+        exported = [s['test']['exported']['top1_per_step'] for s in summaries]
+        last = [s['test']['last']['top1'] for s in summaries]
+        first = summaries[0]
+        rows.append([label, _seeds(summaries), first['epochs'], f'{first["train_images"]:,} / '
+                     f'{first["selection_images"]:,} / {first["eval_images"]:,}', first['selection_split'],
+                     format_interval(*mean_interval([e[0] for e in exported])),
+                     format_interval(*mean_interval([e[-1] for e in exported])),
+                     format_interval(*mean_interval([e[-1] - e[0] for e in exported]), signed=True),
+                     format_interval(*mean_interval(last)),
+                     f'{statistics.fmean(s["wall_time_s"] for s in summaries) / 60:.0f}'])
+    return markdown_table(['model', 'seeds', 'epochs', 'train / selection / test images', 'epoch chosen on',
+                           'test top-1, step 1 (%)', 'test top-1, last step (%)', 'step 1 -> last (points)',
+                           'last epoch, last step (%)', 'wall time per run (min)'], rows)
+
+
+def held_out_per_step_table(runs: Dict[str, List[dict]]) -> str:
+    """Test top-1 of the exported epoch at every step, the mean over seeds."""
+    rows = []
+    for label, summaries in runs.items():
+        per_step = list(zip(*(s['test']['exported']['top1_per_step'] for s in summaries)))
+        rows.append([label, len(summaries)] + [f'{statistics.fmean(v):.2f}' for v in per_step])
+    steps = max(len(row) for row in rows) - 2
+    return markdown_table(['model', 'seeds'] + [f't={t}' for t in range(1, steps + 1)], rows)
+
+
+def held_out_provenance_table(runs: Dict[str, List[dict]]) -> str:
+    rows = [[label, s['seed'], s['test']['exported']['epoch'], f'`{(s.get("commit") or "not recorded")[:7]}`'
+             + (' (uncommitted changes)' if s.get('dirty') else ''), s['date'][:10], s['hardware'],
+             s['versions']['torch'], f'`{s["command"]}`']
+            for label, summaries in runs.items() for s in summaries]
+    return markdown_table(['model', 'seed', 'exported epoch', 'commit', 'date', 'hardware', 'torch', 'command'], rows)
+
+
+def variant_difference(runs: Dict[str, List[dict]], a: str = 'DSA-MoE', b: str = 'SA-MLP') -> str:
+    """``a`` minus ``b`` at the last step of the exported epochs, over seeds, with Welch's 95% interval."""
+    if a not in runs or b not in runs:
+        return f'not measured yet: {a} and {b} both need finished runs'
+    last = {label: [s['test']['exported']['top1'] for s in runs[label]] for label in (a, b)}
+    return (f'{a} minus {b}: {format_interval(*difference_interval(last[a], last[b]), signed=True)} points '
+            f'({len(last[a])} and {len(last[b])} seeds, Welch\'s 95% interval)')
+
+
+def held_out_headline(runs: Dict[str, List[dict]]) -> str:
+    if 'DSA-MoE' not in runs:
+        return 'not measured yet: `experiments/fashion_mnist_baselines/train.sh`'
+    summaries = runs['DSA-MoE']
+    exported = [s['test']['exported']['top1_per_step'] for s in summaries]
+    mean_last, _ = mean_interval([e[-1] for e in exported])
+    mean_first, _ = mean_interval([e[0] for e in exported])
+    gain = format_interval(*mean_interval([e[-1] - e[0] for e in exported]), signed=True)
+    return (f'{mean_last:.2f}% at step {len(exported[0])} vs {mean_first:.2f}% at step 1, change {gain} points '
+            f'(tiny DSA-MoE, FashionMNIST, {summaries[0]["epochs"]} epochs, {len(summaries)} seed'
+            f'{"s" if len(summaries) > 1 else ""}, epoch chosen on held-out training images)')
+
+
 def tables(results: pathlib.Path) -> Dict[str, str]:
     runs = kept_runs(results)
-    reference = next(run for run in runs if run['label'] == 'DSA-MoE')
-    top1, _, weights = per_step(reference)
+    held_out = held_out_runs(results)
     return {
-        'per_step': per_step_table(runs),
-        'last_epoch': last_epoch_table(runs),
-        'changes': changes_table(runs),
-        'attention': attention_table(runs),
-        'sparsity': sparsity_table(runs),
-        'expert_load': expert_load_table(runs),
-        'headline': (f'{top1[-1]:.2f}% at step {len(top1)} vs {top1[0]:.2f}% at step 1 (FashionMNIST, '
-                     f'tiny DSA-MoE, {reference["epochs"]} epochs on all 60,000 images, {weights})'),
+        'held_out': held_out_table(held_out) if held_out else 'not measured yet',
+        'held_out_per_step': held_out_per_step_table(held_out) if held_out else 'not measured yet',
+        'held_out_provenance': held_out_provenance_table(held_out) if held_out else 'not measured yet',
+        'variant_difference': variant_difference(held_out),
+        'headline': held_out_headline(held_out),
+        **({name: table(runs) for name, table in (
+            ('per_step', per_step_table), ('last_epoch', last_epoch_table), ('changes', changes_table),
+            ('attention', attention_table), ('sparsity', sparsity_table), ('expert_load', expert_load_table))}
+           if runs else {}),
     }

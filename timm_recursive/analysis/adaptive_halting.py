@@ -87,8 +87,13 @@ def halting_study(
         thresholds: Sequence[float],
         timing_batches: Sequence[Dict[str, torch.Tensor]],
         repeats: int = 5,
+        selection_batches: Optional[Sequence[Dict[str, torch.Tensor]]] = None,
 ) -> Dict[str, object]:
-    """The measurements of the module docstring for ``model`` on ``batches`` (labelled, in order)."""
+    """The measurements of the module docstring for ``model`` on ``batches`` (labelled, in order).
+
+    ``matching`` is chosen on ``selection_batches`` (images held out of training) and reported on ``batches``;
+    without them it is chosen on ``batches`` themselves, and says so (``chosen_on``).
+    """
     from timm_recursive.analysis.efficiency import adaptive_macs, forward_macs
     from timm_recursive.analysis.timing import time_interleaved
 
@@ -142,12 +147,30 @@ def halting_study(
     result['fixed_images_per_s'] = round(timing_images / seconds['fixed'], 1)
     result['timing'] = {'images': timing_images, 'repeats': repeats, 'threads': torch.get_num_threads(),
                         'batch_size': len(timing_batches[0]['label'])}
-    full_top1 = result['fixed'][-1]['top1']
-    matching = [r for r in rows if r['top1'] >= full_top1]
-    result['matching'] = None if not matching else {
-        key: value for key, value in min(matching, key=lambda r: r['macs_per_image']).items()
-        if key in ('threshold', 'top1', 'mean_steps', 'macs_ratio', 'speedup')}
+    result['matching'] = _matching(model, rows, criterion, result['fixed'][-1]['top1'], selection_batches)
     return result
+
+
+def _matching(model, rows: List[Dict[str, object]], criterion: str, full_top1: float,
+              selection_batches: Optional[Sequence[Dict[str, torch.Tensor]]]) -> Optional[Dict[str, object]]:
+    """The cheapest threshold whose top-1 is at least the full recursion's (``full_top1`` on the evaluation
+    images), chosen on ``selection_batches`` (images held out of training) when given, else on the evaluation
+    images themselves; its evaluation figures, and ``chosen_on``."""
+    if selection_batches is None:
+        chosen_on, selected_top1 = 'the evaluation images themselves', {r['threshold']: r['top1'] for r in rows}
+    else:
+        predictions, labels = fixed_step_predictions(model, selection_batches)
+        full_top1 = 100. * float((predictions[-1] == labels).float().mean())
+        selected_top1 = {r['threshold']: 100. * float(
+            (adaptive_predictions(model, selection_batches, criterion, r['threshold'])[0] == labels).float().mean())
+            for r in rows}
+        chosen_on = f'{len(labels)} held-out training images'
+    matching = [r for r in rows if selected_top1[r['threshold']] >= full_top1]
+    if not matching:
+        return None
+    best = min(matching, key=lambda r: r['macs_per_image'])
+    return {'chosen_on': chosen_on, **{key: value for key, value in best.items()
+                                       if key in ('threshold', 'top1', 'mean_steps', 'macs_ratio', 'speedup')}}
 
 
 def threshold_table(result: Dict[str, object]) -> str:

@@ -7,7 +7,7 @@ after every epoch, with the backbone card (``dino_card.py``).
 import json
 import os
 import shutil
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -30,35 +30,42 @@ from .dino_card import render_dino_card
 from .errors import HubError
 from .families import dataset_name
 
-__all__ = ['export_run']
+__all__ = ['export_run', 'card_epoch', 'render_run_card']
 
 
-def _weights(run: Dict, which: str):
-    """(model, epoch, note) for the run's ``best`` export or its ``last`` epoch's training state; for a DINO
-    run, its exported teacher backbone (the last epoch's: DINO selects no epoch)."""
+def card_epoch(run: Dict, which: str) -> Tuple[int, str, str]:
+    """(epoch, note on the weights, checkpoint holding them) of the run's ``best`` export or its ``last``
+    epoch's training state; for a DINO run, its exported teacher backbone (the last epoch's: DINO selects
+    no epoch)."""
     summary = run['summary']
     if is_dino_run(run):
         if which == 'best':
             raise HubError(f'{run["dir"]} is a DINO run: it selects no best epoch, its export is the last '
                            'epoch\'s teacher (--weights last)')
         epoch = summary['final']['epoch']
-        return (create_model_from_checkpoint(run['dir']), epoch,
-                f'These weights are the teacher backbone of the last epoch ({epoch} of {summary["epochs"]}).')
+        return (epoch, f'These weights are the teacher backbone of the last epoch ({epoch} of {summary["epochs"]}).',
+                run['dir'])
     if which == 'best':
         epoch = summary['best']['epoch']
         selection = selected_on(summary)
         note = (f'These weights are the best epoch ({epoch} of {summary["epochs"]}) selected on '
                 + ('the test split itself, so the figures are optimistic.' if selection == 'test'
                    else f'{selection} (images not in the test figures).'))
-        return create_model_from_checkpoint(run['dir']), epoch, note
+        return epoch, note, run['dir']
     if which == 'last':
         epoch = summary['final']['epoch']
-        state = os.path.join(run['dir'], 'checkpoints', f'epoch{epoch:04d}')
-        if not os.path.isdir(state):
-            raise HubError(f'{run["dir"]}: the last epoch\'s training state {state} is gone')
-        return (create_model_from_checkpoint(state), epoch,
-                f'These weights are the last epoch ({epoch} of {summary["epochs"]}): no model selection on the test split.')
+        return (epoch, f'These weights are the last epoch ({epoch} of {summary["epochs"]}): no model selection on '
+                'the test split.', os.path.join(run['dir'], 'checkpoints', f'epoch{epoch:04d}'))
     raise HubError(f'weights must be "best" or "last", got {which!r}')
+
+
+def render_run_card(model, run: Dict, which: str, repo_id: str, pretrained_cfg: Dict) -> str:
+    """The model card of ``run``'s ``which`` weights (``best`` or ``last``): only the architecture of ``model``
+    is read, so a model built from the run's arguments renders the card its exported weights have."""
+    epoch, note, _ = card_epoch(run, which)
+    record = epoch_record(run, epoch)
+    return (render_dino_card if is_dino_run(run) else render_model_card)(model, run, record, note, repo_id,
+                                                                           pretrained_cfg)
 
 
 def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weights: Optional[str] = None,
@@ -77,10 +84,12 @@ def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weight
         raise HubError(str(e)) from e
     run_dir = run['dir']
     weights = weights or ('last' if is_dino_run(run) else 'best')
+    _, _, source = card_epoch(run, weights)
+    if not os.path.exists(source):
+        raise HubError(f'{run_dir}: the training state of its {weights} weights, {source}, is gone')
     try:
-        model, epoch, note = _weights(run, weights)
-        record = epoch_record(run, epoch)
-    except (CheckpointError, RunRecordError) as e:
+        model = create_model_from_checkpoint(source)
+    except CheckpointError as e:
         raise HubError(f'cannot export {run_dir}: {e}') from e
     run_name = os.path.basename(os.path.normpath(run_dir))
     repo_id = repo_id or f'{HUB_ORG}/{model.pretrained_cfg["architecture"]}.{run_name}'
@@ -91,7 +100,11 @@ def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weight
                  pretrained_cfg={'tag': f'dino_{dataset_name(run)}' if dino else dataset_name(run)})
     with open(os.path.join(tmp, 'config.json')) as f:
         cfg = json.load(f)['pretrained_cfg']
-    card = (render_dino_card if dino else render_model_card)(model, run, record, note, repo_id, cfg)
+    try:
+        card = render_run_card(model, run, weights, repo_id, cfg)
+    except RunRecordError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise HubError(f'cannot export {run_dir}: {e}') from e
     if include_pickle:
         torch.save(model.state_dict(), os.path.join(tmp, 'pytorch_model.bin'))
     with open(os.path.join(tmp, 'README.md'), 'w') as f:

@@ -30,7 +30,7 @@ from .checkpoint import (
 from .export import INSTALL_COMMAND, export_model
 from .files import append_json_line, replace_dir, write_json_atomic
 from .folders import run_dir_for
-from .loading import check_input_size, create_classifier, create_model_from_checkpoint
+from .loading import check_input_size, create_classifier, create_model_from_checkpoint, create_model_from_run_args
 from .provenance import (
     DirtyCheckoutError, checkout_state, describe_hardware, provenance, require_clean_checkout, typed_command)
 from .records import RunRecordError, epoch_record, is_dino_run, load_run, run_folder, selected_on

@@ -9,7 +9,7 @@ from torch import nn
 
 from .checkpoint import CheckpointError, load_weights
 
-__all__ = ['create_classifier', 'create_model_from_checkpoint', 'check_input_size']
+__all__ = ['create_classifier', 'create_model_from_checkpoint', 'create_model_from_run_args', 'check_input_size']
 
 
 def _create_model(model_name: str, **kwargs) -> nn.Module:
@@ -48,13 +48,18 @@ def create_model_from_checkpoint(checkpoint: str, model_name: Optional[str] = No
         run_args = os.path.join(checkpoint, os.pardir, os.pardir, 'args.json')
         if model_name is None and os.path.isfile(run_args):
             with open(run_args) as f:
-                recorded = json.load(f)
-            model_name = recorded['model']
-            kwargs = {**recorded.get('model_kwargs', {}), 'num_classes': recorded['num_classes'],
-                      'in_chans': recorded['in_chans'], **kwargs}
+                return load_weights(create_model_from_run_args(json.load(f), **kwargs), weights)
     if model_name is None:
         raise CheckpointError(f'{checkpoint} does not say which architecture it holds: pass the model name')
     return load_weights(_create_model(model_name, **kwargs), weights)
+
+
+def create_model_from_run_args(recorded: dict, **kwargs) -> nn.Module:
+    """The architecture a training run's ``args.json`` (``recorded``) names, its arguments, classes and channels
+    as trained, without weights (``kwargs`` add to them)."""
+    kwargs = {**recorded.get('model_kwargs', {}), 'num_classes': recorded['num_classes'],
+              'in_chans': recorded['in_chans'], **kwargs}
+    return _create_model(recorded['model'], **kwargs)
 
 
 def create_classifier(model_name: str, num_classes: int, pretrained: bool = False, in_chans: Optional[int] = None,
