@@ -54,5 +54,5 @@ def test_intervals_over_seeds_and_between_variants():
     assert math.isclose(mean, 31 / 30) and math.isclose(half, 4.302653 * 0.152753 / math.sqrt(3), rel_tol=1e-5)
     assert math.isnan(mean_interval([2.0])[1]) and format_interval(2.0, math.nan) == '2.00 (one run: no interval)'
     difference, half = difference_interval([91.0, 91.4, 91.3], [90.0, 90.1, 90.2])
-    assert math.isclose(difference, 1.1333333) and 0 < half < 1
+    assert math.isclose(difference, 3.4 / 3) and 0 < half < 1
     assert math.isnan(difference_interval([1.0], [2.0, 3.0])[1])
