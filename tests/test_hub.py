@@ -13,7 +13,7 @@ import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.hub import (
     HUB_ORG, HubError, export_run, load_run, public_command, push_to_hub, render_model_card)
-from timm_recursive.runs import create_model_from_checkpoint
+from timm_recursive.runs import OUTPUT_MARKER, create_model_from_checkpoint
 
 from helpers import TINY_RUN, load_script
 
@@ -42,7 +42,7 @@ def _front_matter(card: str) -> dict:
 
 
 def test_export_folder_holds_safetensors_config_and_card(hub_folder, run_dir):
-    assert sorted(os.listdir(hub_folder)) == ['README.md', 'config.json', 'model.safetensors']
+    assert sorted(os.listdir(hub_folder)) == [OUTPUT_MARKER, 'README.md', 'config.json', 'model.safetensors']
     config = json.load(open(os.path.join(hub_folder, 'config.json')))
     assert config['architecture'] == 'recursive_dsa_moe_tiny'
     assert config['model_args']['num_steps'] == 3 and config['model_args']['in_chans'] == 1
@@ -139,10 +139,11 @@ class FakeHfApi:
         self.calls.append(('create_repo', repo_id, private, exist_ok))
         return type('RepoUrl', (), {'repo_id': repo_id})()
 
-    def upload_folder(self, repo_id, folder_path, commit_message, revision=None):
+    def upload_folder(self, repo_id, folder_path, commit_message, revision=None, ignore_patterns=None):
         if self.fail:
             raise ConnectionError('Hub unreachable')
-        self.calls.append(('upload_folder', repo_id, sorted(os.listdir(folder_path)), commit_message))
+        uploaded = [name for name in os.listdir(folder_path) if name not in (ignore_patterns or [])]
+        self.calls.append(('upload_folder', repo_id, sorted(uploaded), commit_message))
         return type('CommitInfo', (), {'commit_url': f'https://huggingface.co/{repo_id}/commit/{REVISION}'})()
 
 
@@ -164,7 +165,7 @@ def test_push_uploads_the_folder_and_reports_failures_keeping_files(hub_folder):
 def test_push_script_dry_run_and_errors(run_dir, tmp_path, capsys):
     out = str(tmp_path / 'dry')
     assert push_script.main([run_dir, '--out', out, '--dry-run']) == 0
-    assert sorted(os.listdir(out)) == ['README.md', 'config.json', 'model.safetensors']
+    assert sorted(os.listdir(out)) == [OUTPUT_MARKER, 'README.md', 'config.json', 'model.safetensors']
     card = open(os.path.join(out, 'README.md')).read()
     assert 'best epoch' in card and 'selected on train holdout 10% (images not in the test figures)' in card
     assert push_script.main([str(tmp_path), '--dry-run']) == 2

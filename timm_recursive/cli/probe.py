@@ -81,7 +81,7 @@ from timm_recursive.data import (
 )
 from timm_recursive.runs import create_classifier, create_model_from_checkpoint
 from timm_recursive.runs.checkpoint import CheckpointError
-from timm_recursive.runs.files import replace_dir, write_json_atomic
+from timm_recursive.runs.files import DestinationError, check_destination, replace_output_dir, write_json_atomic
 
 
 def add_probe_arguments(p) -> None:
@@ -340,7 +340,7 @@ def run_compose(args) -> dict:
     datasets.DatasetDict(out).save_to_disk(tmp)
     names = splits.class_names or [str(i) for i in range(splits.num_classes)]
     write_json_atomic(os.path.join(tmp, 'classes.json'), {'labels': ['background', *names], 'ignore_index': None})
-    replace_dir(tmp, args.out)
+    replace_output_dir(tmp, args.out)
     return {'out': args.out, 'canvases': written, 'canvas_size': list(canvases.shape[1:]), 'grid': args.grid,
             'threshold': args.threshold, 'num_classes': len(names) + 1, 'depth': args.depth, 'source': splits.source}
 
@@ -359,6 +359,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     try:
         if args.command == 'compose':
+            check_destination(args.out)  # before the dataset loads: nothing of the user's is replaced
             result = run_compose(args)
         else:
             torch.manual_seed(args.seed)
@@ -366,7 +367,7 @@ def main(argv=None) -> int:
             result = {'linear': run_linear, 'segment': run_segment, 'depth': run_depth}[args.command](args, model)
             result = {'probe': args.command, 'checkpoint': args.checkpoint, 'model': args.model,
                       'architecture': model.pretrained_cfg.get('architecture'), 'dataset': args.dataset, **result}
-    except (DatasetError, CheckpointError, ProbeError) as e:
+    except (DatasetError, CheckpointError, ProbeError, DestinationError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     result['wall_time_s'] = time.perf_counter() - start

@@ -17,7 +17,7 @@ import sys
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.hub import HUB_ORG, HubError, export_run, push_to_hub
-from timm_recursive.runs import RunRecordError, run_folder
+from timm_recursive.runs import OUTPUT_MARKER, RunRecordError, run_folder
 
 
 def main(argv=None) -> int:
@@ -36,8 +36,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         out = args.out or os.path.join(run_folder(args.run), 'hub')
+        if args.out is None and os.path.isdir(out):
+            # the run's own hub/ folder: an export of this command, from before it marked its folders
+            open(os.path.join(out, OUTPUT_MARKER), 'w').close()
         export_run(args.run, out, repo_id=args.repo_id, weights=args.weights, include_pickle=args.include_pickle)
-        print(f'wrote {out}: ' + ', '.join(sorted(os.listdir(out))))
+        print(f'wrote {out}: ' + ', '.join(sorted(name for name in os.listdir(out) if name != OUTPUT_MARKER)))
         if args.dry_run:
             return 0
         if not args.repo_id:

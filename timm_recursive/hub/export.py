@@ -14,13 +14,15 @@ import torch
 from timm_recursive.runs import (
     HUB_ORG,
     CheckpointError,
+    DestinationError,
+    check_destination,
     RunRecordError,
     create_model_from_checkpoint,
     epoch_record,
     export_model,
     is_dino_run,
     load_run,
-    replace_dir,
+    replace_output_dir,
     run_folder,
     selected_on,
 )
@@ -71,6 +73,7 @@ def render_run_card(model, run: Dict, which: str, repo_id: str, pretrained_cfg: 
 def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weights: Optional[str] = None,
                include_pickle: bool = False) -> str:
     """Write the Hub folder (weights, config.json, README.md) of a training run to ``out_dir``, atomically.
+    ``out_dir`` must be new or a folder this package wrote (``runs.files.check_destination``).
 
     ``model.safetensors`` holds the weights (``pytorch_model.bin`` only with ``include_pickle=True``);
     ``config.json`` timm's config (architecture, ``model_args``, ``num_classes``, ``label_names``,
@@ -79,8 +82,9 @@ def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weight
     folder; ``weights`` (``best`` or ``last``) defaults to ``best``, ``last`` for a DINO run.
     """
     try:
+        check_destination(out_dir)
         run = load_run(run_folder(run_dir))
-    except RunRecordError as e:
+    except (RunRecordError, DestinationError) as e:
         raise HubError(str(e)) from e
     run_dir = run['dir']
     weights = weights or ('last' if is_dino_run(run) else 'best')
@@ -109,5 +113,5 @@ def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weight
         torch.save(model.state_dict(), os.path.join(tmp, 'pytorch_model.bin'))
     with open(os.path.join(tmp, 'README.md'), 'w') as f:
         f.write(card)
-    replace_dir(tmp, out_dir)
+    replace_output_dir(tmp, out_dir)
     return out_dir

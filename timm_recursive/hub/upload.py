@@ -2,6 +2,8 @@
 import os
 from typing import Optional
 
+from timm_recursive.runs import OUTPUT_MARKER
+
 from .errors import HubError
 
 __all__ = ['push_to_hub']
@@ -24,7 +26,8 @@ def push_to_hub(folder: str, repo_id: str, token: Optional[str] = None, private:
     try:
         repo = api.create_repo(repo_id, private=private, exist_ok=True)
         commit = api.upload_folder(repo_id=getattr(repo, 'repo_id', repo_id), folder_path=folder,
-                                   commit_message=commit_message, revision=revision)
+                                   commit_message=commit_message, revision=revision,
+                                   ignore_patterns=[OUTPUT_MARKER])
     except Exception as e:  # HTTP, auth, network: report and keep the local folder
         raise HubError(f'upload of {folder} to {repo_id} failed ({type(e).__name__}: {e}); '
                        f'the folder is unchanged, retry with the same command') from e

@@ -28,7 +28,9 @@ from .checkpoint import (
     store_weights_as_timm,
 )
 from .export import INSTALL_COMMAND, export_model
-from .files import append_json_line, replace_dir, write_json_atomic
+from .files import (
+    OUTPUT_MARKER, DestinationError, append_json_line, check_destination, replace_dir, replace_output_dir,
+    write_json_atomic)
 from .folders import run_dir_for
 from .loading import check_input_size, create_classifier, create_model_from_checkpoint, create_model_from_run_args
 from .provenance import (
