@@ -1,27 +1,23 @@
 #!/usr/bin/env bash
-# Publish-ready Hub folders (weights, config.json, model card) of the models trained in this repo,
-# and their rendered cards copied to model_cards/: the FashionMNIST variants complete under ROOT
-# (ROOT/recursive_<variant>_tiny as `make fashion-mnist` lays them out, or ROOT/<variant>/seed0 as
-# experiments/recursion_refinement/ablations.sh does; default runs/ablations) and the demo's run (`make demo`).
-# Repo ids are HUB_ORG/<arch>.<tag> (HUB_ORG from timm_recursive.hub, the one place it is defined).
+# Publish-ready Hub folders (weights, config.json, model card) of the models trained in this repo, and their
+# cards kept in model_cards/ beside the run records they are rendered from (model_cards/runs/<arch.tag>/, which
+# `python experiments/render.py --check` renders again and compares): the FashionMNIST baselines' seed-0 runs
+# (experiments/fashion_mnist_baselines/train.sh ROOT: ROOT/recursive_<variant>_tiny/seed0, default
+# runs/fashion_mnist) and the digits demo's run (experiments/digits_demo/run.sh runs/digits_demo).
+# Every card publishes the epoch chosen on held-out training images (--weights best).
+# Repo ids are HUB_ORG/<arch>.<tag> (HUB_ORG from timm_recursive.runs, the one place it is defined).
 # Usage: scripts/hub_folders.sh [ROOT]
-# Upload one with: timm-recursive push-to-hub RUN --repo-id ORG/NAME --weights ...
+# Upload one with: timm-recursive push-to-hub RUN --repo-id ORG/NAME --weights best
 set -euo pipefail
 cd "$(dirname "$0")/.."
-org=$(.venv/bin/python -c 'from timm_recursive.hub import HUB_ORG; print(HUB_ORG)')
-export_one() {  # run folder, model name (arch.tag), weights (best|last)
-    .venv/bin/python train_scripts/push_to_hub.py "$1" --repo-id "$org/$2" --weights "$3" --dry-run
-    cp "$1/hub/README.md" "model_cards/$2.md"
+org=$(.venv/bin/python -c 'from timm_recursive.runs import HUB_ORG; print(HUB_ORG)')
+export_one() {  # run folder, model name (arch.tag)
+    [ -f "$1/summary.json" ] || { echo "skipping $1: not a complete run" >&2; return 0; }
+    .venv/bin/timm-recursive push-to-hub "$1" --repo-id "$org/$2" --weights best --dry-run
+    .venv/bin/python tools/model_cards.py save "$1" "$1/hub" "$2" --repo-id "$org/$2" --weights best
 }
-complete() {  # summary.json is written when a run completes
-    [ -f "$1/summary.json" ] || { echo "skipping $1: not a complete run" >&2; return 1; }
-}
-root=${1:-runs/ablations}
-for variant in dsa_moe sa_moe sa_mlp; do
-    run="$root/recursive_${variant}_tiny"
-    [ -d "$run" ] || run="$root/$variant/seed0"
-    # the last epoch: no model selection on the test split
-    if complete "$run"; then export_one "$run" "recursive_${variant}_tiny.fashion_mnist" last; fi
+root=${1:-runs/fashion_mnist}
+for variant in dsa_moe sa_mlp; do
+    export_one "$root/recursive_${variant}_tiny/seed0" "recursive_${variant}_tiny.fashion_mnist"
 done
-# the demo selects its best epoch on a held-out tenth of the training split
-if complete runs/demo; then export_one runs/demo recursive_dsa_moe_tiny.digits best; fi
+export_one runs/digits_demo recursive_dsa_moe_tiny.digits
