@@ -166,6 +166,7 @@ def test_any_dataset_feeds_any_model(tmp_path, model_name, kwargs, shape, datase
         assert model(pixels).shape == (2, splits.num_classes)
 
 
+@pytest.mark.slow
 def test_the_models_never_import_the_data_package():
     """The layers run one way: a model, its pretrained errors' train command included, needs no dataset code
     (and so not the [train] extra)."""

@@ -76,6 +76,7 @@ def test_canvas_depths_pixel_by_pixel():
         canvas_depths(masks, num_classes=2, tile_height=3)
 
 
+@pytest.mark.slow
 def test_compose_with_depth_then_probe_depth_end_to_end(tmp_path):
     import datasets
     canvases = str(tmp_path / 'canvases')

@@ -4,9 +4,13 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from tools.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'dino_fashion_mnist'
+
+pytestmark = pytest.mark.slow  # every test runs collect.py or tables.py in a subprocess
 
 
 def _per_layer(key: str, values) -> dict:

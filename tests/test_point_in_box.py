@@ -96,6 +96,7 @@ def tiny_checkpoints(tmp_path_factory):
     return checkpoints
 
 
+@pytest.mark.slow
 def test_command_writes_the_json_and_the_plot(tiny_checkpoints, tmp_path, capsys):
     from PIL import Image
     canvases = str(tmp_path / 'canvases')
@@ -120,6 +121,7 @@ def test_command_writes_the_json_and_the_plot(tiny_checkpoints, tmp_path, capsys
         assert f'entmax block  1: PiB {result["backbones"]["entmax"]["pib"][1]:.3f}' in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('argv, message', [
     (['--compare', 'softmax'], '--compare takes distinct NAME=CHECKPOINT'),
     (['--compare', 'a=missing'], 'checkpoint missing does not exist'),

@@ -264,6 +264,7 @@ def test_hypothesis_carries_gradient_to_the_previous_prediction(y_embed):
             assert rows_trained == (model.num_classes if window > 0 else predicted)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('attn', ['dsa', 'dense'])
 def test_every_latent_a_later_step_reads_is_trained_and_gradients_stay_bounded(attn):
     # 16 steps, k=6: DSA is sparse from step 5 on, so a later step may skip a latent; the newest
@@ -298,6 +299,7 @@ def test_forward_intermediates_gives_the_encoder_stages_and_forward_features():
         model.forward_intermediates(x, output_fmt='NHWC')
 
 
+@pytest.mark.slow
 def test_recursion_gradients_command(capsys):
     from timm_recursive.cli.recursion_gradients import main
     assert main(['--model', 'recursive_dsa_moe_tiny', '--model-kwargs', 'num_steps=3', 'in_chans=1',
@@ -317,6 +319,7 @@ def _digits_batches(model, split: str, count: int):
     return labelled_batches(getattr(splits, split), create_dataset_transform(model, splits, False), count, 100)
 
 
+@pytest.mark.slow
 def test_summary_probe_measures_the_summary_not_the_readout():
     from timm_recursive.analysis.summary_probe import summaries_and_steps, summary_probe
     torch.manual_seed(0)
@@ -335,6 +338,7 @@ def test_summary_probe_measures_the_summary_not_the_readout():
         summaries_and_steps(torch.nn.Linear(2, 2), test[:1])
 
 
+@pytest.mark.slow
 def test_summary_probe_command(tmp_path, capsys):
     from timm_recursive.cli.summary_probe import main
     from timm_recursive.runs import export_model
@@ -383,6 +387,7 @@ def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
         assert _replacement(model, name, tokens, labels, wrong, other).shape == tokens[:, ROLE_SLOTS[role]].shape
 
 
+@pytest.mark.slow
 def test_interventions_measure_which_inputs_a_step_follows():
     from timm_recursive.analysis.recursion_interventions import recursion_interventions
     torch.manual_seed(0)
@@ -418,6 +423,7 @@ def test_interventions_measure_which_inputs_a_step_follows():
         recursion_interventions(torch.nn.Linear(2, 2), batches)
 
 
+@pytest.mark.slow
 def test_interventions_command(tmp_path, capsys):
     from timm_recursive.cli.recursion_interventions import main
     from timm_recursive.runs import export_model
@@ -449,6 +455,7 @@ def test_labelled_batches_leave_no_single_image_batch():
     assert batches[1]['pixel_values'][:, 0, 0, 0].tolist() == [5., 6., 7., 8., 9., 10.]
 
 
+@pytest.mark.slow
 def test_interventions_compare_saved_outputs(tmp_path, capsys):
     from timm_recursive.analysis.recursion_interventions import INTERVENTIONS
     from timm_recursive.cli.recursion_interventions import main

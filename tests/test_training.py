@@ -75,6 +75,7 @@ def test_step_outputs_wraps_plain_timm_models():
     assert logits.shape == (1, 2, 3) and aux.item() == 0. and StepOutputs(model).num_steps == 1
 
 
+@pytest.mark.slow
 def test_train_writes_metrics_summary_and_a_loadable_export(tmp_path):
     run = str(tmp_path / 'run')
     assert train_script.main(TINY_RUN + ['--epochs', '2', '--output', run]) == 0
@@ -125,6 +126,7 @@ def _interrupt_after(monkeypatch, calls):
     monkeypatch.setattr(train_script, 'deep_supervision_loss', loss_then_signal)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('stop_at_step', [2, 4])  # 4 steps per epoch: mid-epoch and at the epoch's end
 def test_resume_after_sigterm_reaches_the_uninterrupted_weights(tmp_path, monkeypatch, stop_at_step):
     args = TINY_RUN + ['--epochs', '2', '--mixup', '0.2', '--drop-path', '0.1']
@@ -145,6 +147,7 @@ def test_resume_after_sigterm_reaches_the_uninterrupted_weights(tmp_path, monkey
     assert [r['epoch'] for r in metrics] == [1, 2]
 
 
+@pytest.mark.slow
 def test_resume_refuses_corrupt_or_mismatched_states_and_touches_nothing(tmp_path, capsys):
     run = str(tmp_path / 'run')
     assert train_script.main(TINY_RUN + ['--epochs', '1', '--output', run]) == 0
@@ -167,6 +170,7 @@ def test_resume_refuses_corrupt_or_mismatched_states_and_touches_nothing(tmp_pat
     assert sorted(os.listdir(os.path.join(run, 'checkpoints'))) == ['epoch0001']
 
 
+@pytest.mark.slow
 def test_interrupted_save_leaves_the_previous_state_intact(tmp_path):
     run = str(tmp_path / 'run')
     assert train_script.main(TINY_RUN + ['--epochs', '1', '--output', run]) == 0
@@ -204,6 +208,7 @@ def test_evaluate_reports_a_bad_checkpoint(tmp_path, capsys):
     assert 'broken.safetensors is corrupt' in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_seeds_report_mean_and_std(tmp_path):
     out = str(tmp_path / 'seeds')
     assert train_script.main(TINY_RUN + ['--epochs', '1', '--output', out, '--seeds', '0', '1']) == 0
@@ -213,6 +218,7 @@ def test_seeds_report_mean_and_std(tmp_path):
     assert len(summary['per_step_mean']) == 3
 
 
+@pytest.mark.slow
 def test_accelerate_launch_two_cpu_processes(tmp_path):
     run = str(tmp_path / 'ddp')
     # accelerate 1.x starts one process for `--cpu --num_processes 2` unless MPI is set up; torchrun
@@ -234,6 +240,7 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
         open(os.path.join(run, 'summary.json')))['best']['eval_top1_per_step']
 
 
+@pytest.mark.slow
 def test_bf16_autocast_and_model_ema(tmp_path):
     # a separate process: Accelerate's state (mixed precision included) is fixed once per process
     run = str(tmp_path / 'bf16')
