@@ -26,13 +26,15 @@ def _state_weights(run_dir, state, filename='model.safetensors'):
     return load_file(os.path.join(run_dir, 'checkpoints', state, filename))
 
 
-def test_step_weights():
-    for weighting in ('uniform', 'linear', 'last'):
-        w = step_weights(4, weighting)
-        assert w.shape == (4,) and w.sum().item() == pytest.approx(1.)
-    assert step_weights(4, 'uniform').tolist() == [0.25] * 4
-    assert step_weights(4, 'linear').tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4])
-    assert step_weights(4, 'last').tolist() == [0., 0., 0., 1.]
+@pytest.mark.parametrize('weighting,expected', [
+    ('uniform', [0.25] * 4), ('linear', [0.1, 0.2, 0.3, 0.4]), ('last', [0., 0., 0., 1.])])
+def test_step_weights(weighting, expected):
+    w = step_weights(4, weighting)
+    assert w.shape == (4,) and w.sum().item() == pytest.approx(1.)
+    assert w.tolist() == pytest.approx(expected)
+
+
+def test_an_unknown_step_weighting_is_refused():
     with pytest.raises(ValueError, match='step weighting'):
         step_weights(4, 'exponential')
 
@@ -61,12 +63,12 @@ def test_evaluate_steps_counts_per_step_hits():
     assert result['top1'] == [50., 100.] and result['top5'] == [100., 100.] and result['images'] == 8
 
 
-def test_evaluating_a_wrapped_model_leaves_it_in_its_own_mode():
+@pytest.mark.parametrize('training', [False, True], ids=['eval', 'train'])
+def test_evaluating_a_wrapped_model_leaves_it_in_its_own_mode(training):
     loader = [{'pixel_values': torch.randn(2, 3, 32, 32), 'label': torch.tensor([0, 1])}]
-    for training in (False, True):
-        model = timm.create_model('resnet10t', num_classes=3).train(training)
-        evaluate_steps(StepOutputs(model), loader)
-        assert model.training is training
+    model = timm.create_model('resnet10t', num_classes=3).train(training)
+    evaluate_steps(StepOutputs(model), loader)
+    assert model.training is training
 
 
 def test_step_outputs_wraps_plain_timm_models():
@@ -180,25 +182,27 @@ def test_interrupted_save_leaves_the_previous_state_intact(tmp_path):
     assert find_last_state(ckpt) == os.path.join(ckpt, 'epoch0001')
 
 
-def test_load_weights_errors_name_the_file_and_the_problem(tmp_path):
-    model = timm.create_model('recursive_dsa_moe_tiny', num_steps=2)
-    other = timm.create_model('recursive_sa_mlp_tiny', num_steps=2)
-    path = str(tmp_path / 'other.safetensors')
+@pytest.mark.parametrize('problem,message', [
+    ('other architecture', 'other.safetensors does not match .*missing: .*unexpected: '),
+    ('shape mismatch', r'shape mismatch: head.weight: checkpoint \(10, 1\)'),
+    ('corrupt', 'corrupt or truncated'),
+    ('pickled', 'cannot be read as weights'),  # weights_only loading refuses arbitrary pickled objects
+])
+def test_load_weights_errors_name_the_file_and_the_problem(tmp_path, problem, message):
     from safetensors.torch import save_file
-    save_file(other.state_dict(), path)
-    with pytest.raises(CheckpointError, match='other.safetensors does not match .*missing: .*unexpected: '):
+    model = timm.create_model('recursive_dsa_moe_tiny', num_steps=2)
+    path = str(tmp_path / ('model.pth' if problem == 'pickled' else 'other.safetensors'))
+    if problem == 'other architecture':
+        save_file(timm.create_model('recursive_sa_mlp_tiny', num_steps=2).state_dict(), path)
+    elif problem == 'shape mismatch':
+        save_file({k: v[..., :1].contiguous() if k == 'head.weight' else v for k, v in model.state_dict().items()}, path)
+    elif problem == 'corrupt':
+        with open(path, 'wb') as f:
+            f.write(b'\x00' * 10)
+    else:
+        torch.save({'state_dict': model.state_dict(), 'optimizer': object()}, path)
+    with pytest.raises(CheckpointError, match=message):
         load_weights(model, path)
-    save_file({k: v[..., :1].contiguous() if k == 'head.weight' else v for k, v in model.state_dict().items()}, path)
-    with pytest.raises(CheckpointError, match=r'shape mismatch: head.weight: checkpoint \(10, 1\)'):
-        load_weights(model, path)
-    with open(path, 'wb') as f:
-        f.write(b'\x00' * 10)
-    with pytest.raises(CheckpointError, match='corrupt or truncated'):
-        load_weights(model, path)
-    pickled = str(tmp_path / 'model.pth')
-    torch.save({'state_dict': model.state_dict(), 'optimizer': object()}, pickled)
-    with pytest.raises(CheckpointError, match='cannot be read as weights'):
-        load_weights(model, pickled)  # weights_only loading refuses arbitrary pickled objects
 
 
 def test_evaluate_reports_a_bad_checkpoint(tmp_path, capsys):
@@ -256,7 +260,7 @@ def test_bf16_autocast_and_model_ema(tmp_path):
     for name in ('model.safetensors', 'model_ema.safetensors'):
         model = timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=recorded['in_chans'],
                                   checkpoint_path=os.path.join(state, name), **recorded['model_kwargs'])
-        assert all(torch.equal(v, _state_weights(run, 'epoch0001', name)[k]) for k, v in model.state_dict().items())
+        assert all(torch.equal(v, _state_weights(run, 'epoch0001', name)[k]) for k, v in model.state_dict().items()), name
     # the exported (EMA) weights reproduce the recorded accuracy in float32
     out = str(tmp_path / 'e.json')
     assert evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-eval-samples', '40', '--json', out]) == 0
