@@ -84,16 +84,15 @@ def test_collect_refuses_an_empty_root(tmp_path):
     assert result.returncode == 2 and 'no finished variant' in result.stderr
 
 
-def test_collect_refuses_a_variant_folder_without_its_metrics_or_summary(tmp_path):
+@pytest.mark.parametrize('variant,missing', [('reg4', 'metrics.jsonl'), ('entmax', 'summary.json')])
+def test_collect_refuses_a_variant_folder_without_its_metrics_or_summary(tmp_path, variant, missing):
     _variant_run(tmp_path / 'entmax', 'vit_small_entmax', 59.0)
     _variant_run(tmp_path / 'reg4', 'vit_small_patch16_224', 44.0, reg_tokens=4)
-    for variant, missing in (('reg4', 'metrics.jsonl'), ('entmax', 'summary.json')):
-        (tmp_path / variant / missing).unlink()
-        result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path)], capture_output=True,
-                                text=True)
-        assert result.returncode == 2 and result.stdout == ''
-        assert result.stderr.startswith(f'error: no {missing} in {tmp_path / variant} (') and \
-            result.stderr.count('\n') == 1, result.stderr
+    (tmp_path / variant / missing).unlink()
+    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout == '', result.stderr
+    assert result.stderr.startswith(f'error: no {missing} in {tmp_path / variant} (') and \
+        result.stderr.count('\n') == 1, result.stderr
     assert not (tmp_path / 'results.json').exists()
 
 

@@ -81,7 +81,7 @@ def test_the_full_settings_a_gpu_run_uses_are_valid_command_lines():
         assert all(timm.is_model(parse_model_spec(m)[0]) for m in models if m is not None), name
     for family_args in gpu_check.FAMILY_RUNS['full'].values():
         args = train.parse_args(gpu_check.train_argv(family_args, 'full', ('fp32', 'bf16')))
-        assert timm.is_model(args.model) and args.mixed_precision == 'bf16' and args.epochs == 1
+        assert timm.is_model(args.model) and args.mixed_precision == 'bf16' and args.epochs == 1, family_args
 
 
 @pytest.mark.slow

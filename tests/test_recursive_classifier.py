@@ -220,48 +220,51 @@ def test_bfloat16_forward():
     assert model(torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
-def test_grad_window_changes_gradients_not_values():
+@pytest.mark.parametrize('window', [0, 1, 3])
+def test_grad_window_changes_gradients_not_values(window):
     torch.manual_seed(0)
     x = torch.randn(2, 3, 32, 32)
-    models = {w: _tiny(num_steps=4, grad_window=w).eval() for w in (0, 1, 3)}
-    for model in models.values():
-        model.load_state_dict(models[0].state_dict())
-    for window, model in models.items():
-        logits, _ = model.forward_steps(x)
-        torch.testing.assert_close(logits, models[0].forward_steps(x)[0])
-        logits[-1].sum().backward()  # the last step's loss reaches step 1 (y_init) through the latents
-        reached = model.y_init.grad is not None and bool(model.y_init.grad.abs().sum() > 0)
-        assert reached == (window > 0)
-        model.zero_grad(set_to_none=True)
-        model(x).sum().backward()  # forward(): one loss, gradients through the whole recursion
-        assert model.y_init.grad is not None and model.y_init.grad.abs().sum() > 0
+    detached = _tiny(num_steps=4, grad_window=0).eval()
+    model = _tiny(num_steps=4, grad_window=window).eval()
+    model.load_state_dict(detached.state_dict())
+    logits, _ = model.forward_steps(x)
+    torch.testing.assert_close(logits, detached.forward_steps(x)[0])
+    logits[-1].sum().backward()  # the last step's loss reaches step 1 (y_init) through the latents
+    reached = model.y_init.grad is not None and bool(model.y_init.grad.abs().sum() > 0)
+    assert reached == (window > 0)
+    model.zero_grad(set_to_none=True)
+    model(x).sum().backward()  # forward(): one loss, gradients through the whole recursion
+    assert model.y_init.grad is not None and model.y_init.grad.abs().sum() > 0
+
+
+def test_a_negative_grad_window_is_refused():
     with pytest.raises(ValueError, match='grad_window'):
         _tiny(grad_window=-1)
 
 
+@pytest.mark.parametrize('window', [0, 1])
 @pytest.mark.parametrize('y_embed', ['hard', 'soft'])
-def test_hypothesis_carries_gradient_to_the_previous_prediction(y_embed):
+def test_hypothesis_carries_gradient_to_the_previous_prediction(y_embed, window):
     # step 2's loss reaches step 1's logits through the hypothesis token; a hard hypothesis takes the
     # soft mix's gradient straight through, so every class embedding learns, not only the predicted ones
     torch.manual_seed(0)
     x = torch.randn(4, 3, 32, 32)
-    for window in (0, 1):
-        model = _tiny(num_steps=2, grad_window=window, y_embed=y_embed, attn='dense')
-        head_outputs = []
+    model = _tiny(num_steps=2, grad_window=window, y_embed=y_embed, attn='dense')
+    head_outputs = []
 
-        def keep(module, args, out):
-            out.retain_grad()
-            head_outputs.append(out)
+    def keep(module, args, out):
+        out.retain_grad()
+        head_outputs.append(out)
 
-        model.head.register_forward_hook(keep)
-        logits, _ = model.forward_steps(x)
-        logits[1].logsumexp(-1).sum().backward()
-        step1_logits = head_outputs[0]
-        assert (step1_logits.grad is not None and bool(step1_logits.grad.abs().sum() > 0)) == (window > 0)
-        if y_embed == 'hard':
-            rows_trained = int((model.class_embed.weight.grad.abs().sum(-1) > 0).sum())
-            predicted = logits[0].argmax(-1).unique().numel()
-            assert rows_trained == (model.num_classes if window > 0 else predicted)
+    model.head.register_forward_hook(keep)
+    logits, _ = model.forward_steps(x)
+    logits[1].logsumexp(-1).sum().backward()
+    step1_logits = head_outputs[0]
+    assert (step1_logits.grad is not None and bool(step1_logits.grad.abs().sum() > 0)) == (window > 0)
+    if y_embed == 'hard':
+        rows_trained = int((model.class_embed.weight.grad.abs().sum(-1) > 0).sum())
+        predicted = logits[0].argmax(-1).unique().numel()
+        assert rows_trained == (model.num_classes if window > 0 else predicted)
 
 
 @pytest.mark.slow
@@ -384,7 +387,7 @@ def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
                                model.forward_steps(images)[0])
     tokens = torch.randn(4, 4, TINY['embed_dim'])
     for name, (role, _) in INTERVENTIONS.items():
-        assert _replacement(model, name, tokens, labels, wrong, other).shape == tokens[:, ROLE_SLOTS[role]].shape
+        assert _replacement(model, name, tokens, labels, wrong, other).shape == tokens[:, ROLE_SLOTS[role]].shape, name
 
 
 @pytest.mark.slow

@@ -393,7 +393,7 @@ def test_one_default_importance_score_the_sources():
     assert DEFAULT_IMPORTANCE_SCORE == 'cls_query'
     for fn in (TokenFusion, apply_token_fusion, TokenFusionVisionTransformer, ClsRowAttention.forward_with_cls_row):
         assert inspect.signature(fn).parameters['importance_score' if fn is not ClsRowAttention.forward_with_cls_row
-                                                else 'score'].default == DEFAULT_IMPORTANCE_SCORE
+                                                else 'score'].default == DEFAULT_IMPORTANCE_SCORE, fn
     assert timm.create_model('deit_t_tokenfuse', img_size=32).blocks[3].fusion.importance_score == 'cls_query'
 
 
