@@ -15,6 +15,7 @@ TEST_ENV := $(OFFLINE_ENV) OMP_NUM_THREADS=1 TORCH_EXTENSIONS_DIR=$(CURDIR)/.cac
 help:
 	@echo "make demo    train a recursive DSA-MoE on digits, show it step by step, reload it (installs first)"
 	@echo "make test    create the environment and run every test"
+	@echo "make test-fast  the tests not marked slow (no command runs, subprocesses, exports or training; about 90 s)"
 	@echo "make bench   the speed study's benchmarks into runs/speed/ (slow, not a test; see experiments/speed)"
 	@echo "make fashion-mnist  experiments/fashion_mnist_baselines: three variants, 24 epochs (about 3 h on 2 CPU cores)"
 	@echo "make ablations      experiments/recursion_refinement: the source's ablations on a FashionMNIST subset (variants x 3 seeds, k, depth, gradient path; about 2 h on 2 CPU cores)"
@@ -39,8 +40,10 @@ $(TIMM_SUITE): $(STAMP)
 test: $(STAMP) $(TIMM_SUITE)
 	$(TEST_ENV) $(PY) -m pytest -n 2 -q
 
+# the fast tier: no test marked slow (a command's main, a subprocess, a wheel build, an export, a training run;
+# pyproject.toml says which), timm's suite left out uncollected (all of it is slow); about 90 s on 2 cores
 test-fast: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest -q --ignore=tests/timm_suite
+	$(TEST_ENV) $(PY) -m pytest -n 2 -q -m "not slow" --ignore=tests/timm_suite
 
 demo: $(STAMP)
 	$(OFFLINE_ENV) $(PY) train_scripts/demo.py

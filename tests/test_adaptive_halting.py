@@ -255,6 +255,7 @@ def test_halting_head_gets_gradient_through_the_model(images):
     torch.testing.assert_close(torch.sigmoid(model.halting_head.bias.detach()), torch.tensor([0.1]))
 
 
+@pytest.mark.slow
 def test_study_command(tmp_path, capsys):
     """The measurement command on scikit-learn's digits: JSON with every threshold's row, and its errors."""
     import json
@@ -307,6 +308,7 @@ def test_halting_losses_take_soft_targets():
         torch.testing.assert_close(loss(logits, halting_logits, one_hot)[0], loss(logits, halting_logits, target)[0])
 
 
+@pytest.mark.slow
 def test_evaluate_measures_halting(tmp_path, capsys):
     """timm-recursive-evaluate --halting-thresholds adds the per-threshold table and a 'halting' entry."""
     import argparse

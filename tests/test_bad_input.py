@@ -66,9 +66,16 @@ def test_a_dataset_object_resolves_like_a_name():
     digits = resolve_dataset('digits')
     splits = resolve_dataset(datasets.DatasetDict(train=digits.train, test=digits.eval))
     assert (len(splits.train), len(splits.eval), splits.num_classes) == (len(digits.train), len(digits.eval), 10)
+
+
+def test_a_single_split_dataset_object_holds_out_an_evaluation_split():
+    digits = resolve_dataset('digits')
     held_out = resolve_dataset(digits.train, holdout_eval_fraction=0.25)
     assert len(held_out.train) + len(held_out.eval) == len(digits.train)
-    with pytest.raises(DatasetError, match="only a 'train' split"):
-        resolve_dataset(digits.train)
-    with pytest.raises(DatasetError, match='not int'):
-        resolve_dataset(3)
+
+
+@pytest.mark.parametrize('which,message', [('train split alone', "only a 'train' split"), ('an int', 'not int')])
+def test_a_dataset_object_that_cannot_be_used_is_a_dataset_error(which, message):
+    dataset = resolve_dataset('digits').train if which == 'train split alone' else 3
+    with pytest.raises(DatasetError, match=message):
+        resolve_dataset(dataset)

@@ -162,10 +162,11 @@ def test_any_dataset_feeds_any_model(tmp_path, model_name, kwargs, shape, datase
     for is_training in (True, False):
         batch = splits.train.with_transform(create_dataset_transform(model, splits, is_training))[:2]
         pixels = torch.stack(batch['pixel_values'])
-        assert pixels.shape == (2, *shape) and pixels.dtype == torch.float32
-        assert model(pixels).shape == (2, splits.num_classes)
+        assert pixels.shape == (2, *shape) and pixels.dtype == torch.float32, f'is_training={is_training}'
+        assert model(pixels).shape == (2, splits.num_classes), f'is_training={is_training}'
 
 
+@pytest.mark.slow
 def test_the_models_never_import_the_data_package():
     """The layers run one way: a model, its pretrained errors' train command included, needs no dataset code
     (and so not the [train] extra)."""

@@ -53,6 +53,7 @@ def _run_files(run):
     return json.loads((run / 'args.json').read_text()), json.loads((run / 'summary.json').read_text())
 
 
+@pytest.mark.slow
 def test_torch_names_read_torchvision_files_from_data_dir(tmp_path):
     root, images = _fake_torchvision_mnist(tmp_path / 'data')
     splits = resolve_dataset('torch/fashion_mnist', data_dir=root)
@@ -67,6 +68,7 @@ def test_torch_names_read_torchvision_files_from_data_dir(tmp_path):
     assert recorded['dataset_download'] is False and summary['dataset_source'] == splits.source
 
 
+@pytest.mark.slow
 def test_a_data_dir_alone_is_a_folder_dataset_and_the_class_map_picks_its_classes(tmp_path):
     folder = _image_folder(tmp_path / 'images')
     class_map = tmp_path / 'classes.txt'
@@ -93,6 +95,7 @@ def test_val_split_and_eval_split_are_one_option():
     assert train_script.parse_args(['--eval-split', 'test']).eval_split == 'test'
 
 
+@pytest.mark.slow
 def test_hfds_names_load_saved_datasets_and_pass_config_and_data_dir_to_datasets(tmp_path, monkeypatch):
     digits = resolve_dataset('digits')
     saved = tmp_path / 'saved'
@@ -114,6 +117,7 @@ def test_hfds_names_load_saved_datasets_and_pass_config_and_data_dir_to_datasets
     assert _run_files(run)[0]['dataset_config'] == 'eight_by_eight'
 
 
+@pytest.mark.slow
 def test_hfids_names_stream_only_the_rows_used(tmp_path, monkeypatch):
     folder = tmp_path / 'parquet'
     os.makedirs(folder)
@@ -146,30 +150,40 @@ def _transformed(model, image, is_training=False, **transform_kwargs):
         {'image': [image], 'label': [0]})['pixel_values'][0]
 
 
-def test_data_config_overrides_change_the_transforms_and_the_exported_config(tmp_path):
-    base = ['--model', 'recursive_dsa_moe_tiny', '--model-kwargs', 'num_steps=2', '--input-size', '1', '8', '8']
+DATA_CONFIG_BASE = ['--model', 'recursive_dsa_moe_tiny', '--model-kwargs', 'num_steps=2', '--input-size', '1', '8', '8']
+
+
+def test_mean_and_std_overrides_normalise_the_transform():
     gray = Image.new('L', (8, 8), 51)  # 0.2
-    model, _ = train_script.create_model(train_script.parse_args([*base, '--mean', '0.5', '--std', '0.25']), 10)
+    args = train_script.parse_args([*DATA_CONFIG_BASE, '--mean', '0.5', '--std', '0.25'])
+    model, _ = train_script.create_model(args, 10)
     assert torch.allclose(_transformed(model, gray), torch.full((1, 8, 8), (0.2 - 0.5) / 0.25), atol=1e-5)
 
+
+@pytest.mark.parametrize('crop_pct,black_border', [(1.0, True), (0.5, False)])
+def test_crop_pct_override_changes_the_centre_crop(crop_pct, black_border):
     framed = Image.new('L', (16, 16), 0)
     framed.paste(255, (4, 4, 12, 12))  # a white centre half, in black
-    for crop_pct, black_border in ((1.0, True), (0.5, False)):
-        model, _ = train_script.create_model(train_script.parse_args([*base, '--crop-pct', str(crop_pct)]), 10)
-        assert bool((_transformed(model, framed) < 0).any()) == black_border  # the centre crop of half: all white
+    model, _ = train_script.create_model(train_script.parse_args([*DATA_CONFIG_BASE, '--crop-pct', str(crop_pct)]), 10)
+    assert bool((_transformed(model, framed) < 0).any()) == black_border  # the centre crop of half: all white
 
+
+@pytest.mark.parametrize('option', ['--interpolation', '--train-interpolation'])
+def test_interpolation_overrides_change_the_resize(option):
     noise = Image.fromarray((np.random.default_rng(0).integers(0, 2, (32, 32)) * 255).astype(np.uint8))
-    for option in ('--interpolation', '--train-interpolation'):
-        args = train_script.parse_args([*base, option, 'nearest', '--hflip', '0', '--scale', '1', '1',
-                                        '--ratio', '1', '1', '--color-jitter', '0'])
-        model, _ = train_script.create_model(args, 10)
-        is_training = option == '--train-interpolation'
-        kwargs = train_script.train_transform_kwargs(args) if is_training else {}
-        nearest = _transformed(model, noise, is_training, **kwargs)
-        default = _transformed(train_script.create_model(train_script.parse_args(base), 10)[0], noise,
-                               is_training, **{k: v for k, v in kwargs.items() if k != 'interpolation'})
-        assert len(torch.unique(nearest)) == 2 and len(torch.unique(default)) > 2  # nearest keeps black and white
+    args = train_script.parse_args([*DATA_CONFIG_BASE, option, 'nearest', '--hflip', '0', '--scale', '1', '1',
+                                    '--ratio', '1', '1', '--color-jitter', '0'])
+    model, _ = train_script.create_model(args, 10)
+    is_training = option == '--train-interpolation'
+    kwargs = train_script.train_transform_kwargs(args) if is_training else {}
+    nearest = _transformed(model, noise, is_training, **kwargs)
+    default = _transformed(train_script.create_model(train_script.parse_args(DATA_CONFIG_BASE), 10)[0], noise,
+                           is_training, **{k: v for k, v in kwargs.items() if k != 'interpolation'})
+    assert len(torch.unique(nearest)) == 2 and len(torch.unique(default)) > 2  # nearest keeps black and white
 
+
+@pytest.mark.slow
+def test_data_config_overrides_are_recorded_and_exported(tmp_path):
     run = tmp_path / 'run'
     assert train_script.main(TINY_RUN + ['--epochs', '1', '--mean', '0.4', '--std', '0.3', '--crop-pct', '0.9',
                                          '--interpolation', 'bilinear', '--train-interpolation', 'random',

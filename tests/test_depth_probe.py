@@ -76,6 +76,7 @@ def test_canvas_depths_pixel_by_pixel():
         canvas_depths(masks, num_classes=2, tile_height=3)
 
 
+@pytest.mark.slow
 def test_compose_with_depth_then_probe_depth_end_to_end(tmp_path):
     import datasets
     canvases = str(tmp_path / 'canvases')
@@ -99,24 +100,21 @@ def test_compose_with_depth_then_probe_depth_end_to_end(tmp_path):
     assert result['rmse'] == result['per_layer'][1]['rmse']
 
 
-def test_bad_depth_input_is_one_error_line(tmp_path, capsys):
+@pytest.mark.parametrize('columns,extra,message', [
+    ('no depth', [], "no depth column in split 'train' (looked for ['depth', 'depth_map'])"),
+    ('small depth', [], "column 'depth' is not a per-pixel depth of the images"),
+    ('far', ['--max-depth', '10'], 'the train split has no valid depth pixel'),
+    ('far', ['--depth-scale', '0'], 'must be above 0'),
+], ids=['no depth column', 'depth smaller than the image', 'all pixels past --max-depth', 'depth scale 0'])
+def test_bad_depth_input_is_one_error_line(tmp_path, capsys, columns, extra, message):
     import datasets
-
-    def saved(name, columns):
-        path = str(tmp_path / name)
-        datasets.DatasetDict({split: datasets.Dataset.from_dict(columns) for split in ('train', 'test')}
-                             ).save_to_disk(path)
-        return path
-
     image = [np.zeros((16, 16), np.uint8)]
-    no_depth = saved('no_depth', {'image': image, 'mask': [np.zeros((16, 16), np.uint8)]})
-    small_depth = saved('small_depth', {'image': image, 'depth': [np.ones((8, 8), np.float32)]})
-    far = saved('far', {'image': image, 'depth': [np.full((16, 16), 20., np.float32)]})
+    column = {'no depth': {'mask': [np.zeros((16, 16), np.uint8)]},
+              'small depth': {'depth': [np.ones((8, 8), np.float32)]},
+              'far': {'depth': [np.full((16, 16), 20., np.float32)]}}[columns]
+    dataset = str(tmp_path / 'dataset')
+    datasets.DatasetDict({split: datasets.Dataset.from_dict({'image': image, **column}) for split in ('train', 'test')}
+                         ).save_to_disk(dataset)
     out = tmp_path / 'depth.json'
-    for dataset, extra, message in (
-            (no_depth, [], "no depth column in split 'train' (looked for ['depth', 'depth_map'])"),
-            (small_depth, [], "column 'depth' is not a per-pixel depth of the images"),
-            (far, ['--max-depth', '10'], 'the train split has no valid depth pixel'),
-            (far, ['--depth-scale', '0'], 'must be above 0')):
-        assert_one_error_line(probe_script.main, ['depth', '--dataset', dataset, '--results-file', str(out),
-                                                  *TINY_BACKBONE, *extra], out, capsys, message)
+    assert_one_error_line(probe_script.main, ['depth', '--dataset', dataset, '--results-file', str(out),
+                                              *TINY_BACKBONE, *extra], out, capsys, message)

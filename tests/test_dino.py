@@ -139,6 +139,7 @@ def dino_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_dino_run_records_metrics_and_exports_a_loadable_backbone(dino_run):
     metrics = [json.loads(line) for line in open(os.path.join(dino_run, 'metrics.jsonl'))]
     assert [r['epoch'] for r in metrics] == [1, 2]
@@ -165,6 +166,7 @@ def _interrupt_at(monkeypatch, calls):
     monkeypatch.setattr(dino_script, 'teacher_statistics', statistics_then_signal)
 
 
+@pytest.mark.slow
 def test_resume_after_sigterm_reaches_the_uninterrupted_state(tmp_path, monkeypatch):
     args = TINY_DINO + ['--model', 'vit_small_patch16_224', '--drop-path', '0.1']
     full, resumed = str(tmp_path / 'full'), str(tmp_path / 'resumed')
@@ -191,6 +193,7 @@ def test_resume_after_sigterm_reaches_the_uninterrupted_state(tmp_path, monkeypa
     assert all(torch.equal(v, exported[k]) for k, v in load_file(os.path.join(state, 'model_ema.safetensors')).items())
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_recipe(tmp_path, capsys):
     out = str(tmp_path / 'run')
     args = TINY_DINO + ['--model', 'vit_small_patch16_224', '--epochs', '1', '--output', out]
@@ -254,6 +257,7 @@ def test_compose_canvases_labels_foreground_by_class():
                 assert np.array_equal(tile_mask, np.where(images[which] > 32, [6, 2][which], 0))
 
 
+@pytest.mark.slow
 def test_probe_commands_on_the_pretrained_backbone(dino_run, tmp_path):
     canvases = str(tmp_path / 'canvases')
     assert probe_script.main(['compose', '--dataset', 'digits', '--out', canvases, '--train-canvases', '24',
@@ -302,6 +306,7 @@ def test_features_of_any_block_from_one_pass():
         check_blocks(three_blocks(), [3])
 
 
+@pytest.mark.slow
 def test_a_layer_sweep_probes_every_block_named(dino_run, tmp_path, capsys):
     canvases = str(tmp_path / 'canvases')
     assert probe_script.main(['compose', '--dataset', 'digits', '--out', canvases, '--train-canvases', '24',
@@ -340,6 +345,7 @@ def test_segmentation_dataset_errors_name_the_problem(tmp_path, capsys):
     assert "column 'mask' is not a per-pixel mask of the images" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_pca_comparison_figure_of_two_backbones(dino_run, tmp_path, capsys):
     from timm_recursive.cli import attention_maps
     model = os.path.join(dino_run, 'model')

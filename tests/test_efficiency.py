@@ -60,6 +60,7 @@ def test_analytic_macs_match_flop_counter(unfused_attention, name, kwargs):
     assert counter.get_total_flops() == 2 * 2 * forward_macs(model, input_size)  # 2 images, 2 FLOPs per MAC
 
 
+@pytest.mark.slow
 def test_cli_json_and_table(capsys):
     assert main(['recursive_sa_mlp_cifar', 'recursive_dsa_moe_cifar:topk=2', '--json']) == 0
     data = json.loads(capsys.readouterr().out)

@@ -4,9 +4,13 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from tools.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'dino_fashion_mnist'
+
+pytestmark = pytest.mark.slow  # every test runs collect.py or tables.py in a subprocess
 
 
 def _per_layer(key: str, values) -> dict:
@@ -41,7 +45,8 @@ def test_collect_then_tables(tmp_path):
     pib = {'pib': [0.4, 0.3], 'chance': [0.2, 0.2], 'patch_mass': [0.9, 0.8]}
     (tmp_path / 'point_in_box.json').write_text(json.dumps({'canvases': 64, 'img_size': 56, 'backbones': {
         'entmax': pib, 'reg4': {**pib, 'pib': [0.35, 0.25]}}}))
-    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path), '--allow-dirty'], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path), '--allow-dirty'],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     results = json.loads((tmp_path / 'results.json').read_text())
     assert sorted(results) == ['entmax', 'reg4', 'specialized']
@@ -76,25 +81,27 @@ def test_collect_then_tables(tmp_path):
 
 
 def test_collect_refuses_an_empty_root(tmp_path):
-    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path), '--allow-dirty'], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path), '--allow-dirty'],
+                            capture_output=True, text=True)
     assert result.returncode == 2 and 'no finished variant' in result.stderr
 
 
-def test_collect_refuses_a_variant_folder_without_its_metrics_or_summary(tmp_path):
+@pytest.mark.parametrize('variant,missing', [('reg4', 'metrics.jsonl'), ('entmax', 'summary.json')])
+def test_collect_refuses_a_variant_folder_without_its_metrics_or_summary(tmp_path, variant, missing):
     _variant_run(tmp_path / 'entmax', 'vit_small_entmax', 59.0)
     _variant_run(tmp_path / 'reg4', 'vit_small_patch16_224', 44.0, reg_tokens=4)
-    for variant, missing in (('reg4', 'metrics.jsonl'), ('entmax', 'summary.json')):
-        (tmp_path / variant / missing).unlink()
-        result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path), '--allow-dirty'], capture_output=True,
-                                text=True)
-        assert result.returncode == 2 and result.stdout == ''
-        assert result.stderr.startswith(f'error: no {missing} in {tmp_path / variant} (') and \
-            result.stderr.count('\n') == 1, result.stderr
+    (tmp_path / variant / missing).unlink()
+    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path), '--allow-dirty'],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout == '', result.stderr
+    assert result.stderr.startswith(f'error: no {missing} in {tmp_path / variant} (') and \
+        result.stderr.count('\n') == 1, result.stderr
     assert not (tmp_path / 'results.json').exists()
 
 
 def test_collect_refuses_a_root_that_is_not_a_folder(tmp_path):
     root = tmp_path / 'nope'
-    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(root), '--allow-dirty'], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(root), '--allow-dirty'],
+                            capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr == f"error: {root} is not a folder (the runs' root, run.sh's output)\n"

@@ -115,6 +115,7 @@ def test_every_piece_is_generated_from_the_kept_results():
     assert '| source\'s size (d=512, depth 4), 6,000 training images | 5000 | 82.28 | 82.42 |' in pieces['scale']
 
 
+@pytest.mark.slow
 def test_the_script_skips_finished_runs_and_refuses_an_unknown_one(tmp_path):
     for name in ('dsa_moe/seed0', 'dsa_moe_k2'):
         (tmp_path / name).mkdir(parents=True)

@@ -19,6 +19,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 STUDY = REPO / 'experiments' / 'speed'
 
 
+@pytest.mark.slow
 def test_run_script_refuses_an_existing_folder_and_unknown_benchmarks(tmp_path):
     existing = subprocess.run([str(STUDY / 'run.sh'), str(tmp_path)], capture_output=True, text=True)
     assert existing.returncode == 2 and 'exists' in existing.stderr

@@ -17,6 +17,8 @@ from timm_recursive.layers import MixtureOfExperts, entmax15, graph_capture
 
 ort = pytest.importorskip('onnxruntime')
 
+pytestmark = pytest.mark.slow  # ONNX and torch.export exports, torch.compile
+
 # tiny members of the three families (the registered architectures, shrunk through their kwargs)
 TINY = {
     'entmax': ('vit_tiny_entmax', dict(img_size=32, patch_size=8, depth=2), (3, 32, 32)),

@@ -58,6 +58,7 @@ def test_tables_outside_generated_blocks_are_found():
     assert tables_outside_generated_blocks(text) == [1, 2]
 
 
+@pytest.mark.slow
 def test_render_command_rewrites_then_checks(tmp_path):
     root = _fake_checkout(tmp_path, 'top-1 <!-- gen: toy/headline -->?<!-- /gen -->\n')
     command = [sys.executable, str(RENDER), '--root', str(root)]
@@ -69,6 +70,7 @@ def test_render_command_rewrites_then_checks(tmp_path):
     assert subprocess.run(command + ['--check'], capture_output=True, text=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_render_command_names_an_unknown_piece(tmp_path):
     root = _fake_checkout(tmp_path, '<!-- gen: toy/nope -->?<!-- /gen -->\n')
     result = subprocess.run([sys.executable, str(RENDER), '--root', str(root), '--check'],
@@ -77,6 +79,7 @@ def test_render_command_names_an_unknown_piece(tmp_path):
     assert result.stderr.strip() == "error: README.md: study 'toy' has no piece 'nope' (it has: headline, main)"
 
 
+@pytest.mark.slow
 def test_every_generated_piece_matches_its_data():
     result = subprocess.run([sys.executable, str(RENDER), '--check'], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

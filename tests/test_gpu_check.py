@@ -23,6 +23,7 @@ def quick_run(tmp_path_factory):
     return code, output
 
 
+@pytest.mark.slow
 def test_quick_run_on_cpu_runs_every_part_into_one_json(quick_run):
     code, output = quick_run
     report = json.loads(output.read_text())
@@ -80,9 +81,10 @@ def test_the_full_settings_a_gpu_run_uses_are_valid_command_lines():
         assert all(timm.is_model(parse_model_spec(m)[0]) for m in models if m is not None), name
     for family_args in gpu_check.FAMILY_RUNS['full'].values():
         args = train.parse_args(gpu_check.train_argv(family_args, 'full', ('fp32', 'bf16')))
-        assert timm.is_model(args.model) and args.mixed_precision == 'bf16' and args.epochs == 1
+        assert timm.is_model(args.model) and args.mixed_precision == 'bf16' and args.epochs == 1, family_args
 
 
+@pytest.mark.slow
 def test_a_failing_part_is_recorded_and_the_next_parts_still_run(tmp_path, monkeypatch):
     def broken(device, quick):
         raise RuntimeError('injected failure')
@@ -103,6 +105,7 @@ def test_a_failing_part_is_recorded_and_the_next_parts_still_run(tmp_path, monke
         'status': 'skipped', 'reason': 'not among --parts exactness entmax15 benchmark recursive_train_speed *'}
 
 
+@pytest.mark.slow
 def test_the_adasplash_part_compares_the_kernel_with_the_exact_attention(tmp_path, monkeypatch):
     """No GPU here: the kernel is stood in for by our entmax attention in float32, as if q were on CUDA."""
     from timm_recursive.layers import entmax15, entmax_attention

@@ -41,6 +41,7 @@ def _front_matter(card: str) -> dict:
     return yaml.safe_load(card.split('---\n')[1])
 
 
+@pytest.mark.slow
 def test_export_folder_holds_safetensors_config_and_card(hub_folder, run_dir):
     assert sorted(os.listdir(hub_folder)) == [OUTPUT_MARKER, 'README.md', 'config.json', 'model.safetensors']
     config = json.load(open(os.path.join(hub_folder, 'config.json')))
@@ -50,6 +51,7 @@ def test_export_folder_holds_safetensors_config_and_card(hub_folder, run_dir):
     assert config['pretrained_cfg']['input_size'] == [1, 32, 32] and len(config['pretrained_cfg']['mean']) == 1
 
 
+@pytest.mark.slow
 def test_card_front_matter_parses_and_carries_the_measured_metrics(hub_folder, run_dir):
     card = open(os.path.join(hub_folder, 'README.md')).read()
     meta = _front_matter(card)
@@ -83,6 +85,7 @@ def _lay_into_hf_cache(folder: str, repo_id: str, cache: str) -> None:
     shutil.copytree(folder, os.path.join(repo_dir, 'snapshots', REVISION))
 
 
+@pytest.mark.slow
 def test_published_folder_loads_offline_through_timm(hub_folder, tmp_path, monkeypatch):
     from huggingface_hub import constants
     cache = str(tmp_path / 'hf_cache')
@@ -147,6 +150,7 @@ class FakeHfApi:
         return type('CommitInfo', (), {'commit_url': f'https://huggingface.co/{repo_id}/commit/{REVISION}'})()
 
 
+@pytest.mark.slow
 def test_push_uploads_the_folder_and_reports_failures_keeping_files(hub_folder):
     api = FakeHfApi()
     url = push_to_hub(hub_folder, 'someone/tiny-digits', private=True, api=api)
@@ -162,19 +166,24 @@ def test_push_uploads_the_folder_and_reports_failures_keeping_files(hub_folder):
         push_to_hub(os.path.dirname(hub_folder), 'someone/x', api=FakeHfApi())
 
 
-def test_push_script_dry_run_and_errors(run_dir, tmp_path, capsys):
+def test_push_script_refuses_a_folder_that_is_not_a_finished_run(tmp_path, capsys):
+    assert push_script.main([str(tmp_path), '--dry-run']) == 2
+    assert 'not a finished training run' in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_push_script_dry_run_with_and_without_the_pickle(run_dir, tmp_path):
     out = str(tmp_path / 'dry')
     assert push_script.main([run_dir, '--out', out, '--dry-run']) == 0
     assert sorted(os.listdir(out)) == [OUTPUT_MARKER, 'README.md', 'config.json', 'model.safetensors']
     card = open(os.path.join(out, 'README.md')).read()
     assert 'best epoch' in card and 'selected on train holdout 10% (images not in the test figures)' in card
-    assert push_script.main([str(tmp_path), '--dry-run']) == 2
-    assert 'not a finished training run' in capsys.readouterr().err
     pickle_out = str(tmp_path / 'with_pickle')
     assert push_script.main([run_dir, '--out', pickle_out, '--dry-run', '--include-pickle']) == 0
     assert 'pytorch_model.bin' in os.listdir(pickle_out)
 
 
+@pytest.mark.slow
 def test_card_of_a_run_shows_its_own_training_facts_and_no_local_path(hub_folder, run_dir):
     card = open(os.path.join(hub_folder, 'README.md')).read()
     run = load_run(run_dir)
@@ -192,6 +201,7 @@ TINY_DINO = ['--preset', 'cpu28', '--dataset', 'digits', '--max-train-samples', 
 LOCAL_PATH = re.compile(r'''(?<![^\s(='"])/(tmp|home|usr|root)\b''')
 
 
+@pytest.mark.slow
 def test_push_script_publishes_a_dino_run_and_exported_model_folders(run_dir, tmp_path, capsys):
     dino = str(tmp_path / 'dino_run')
     assert load_script('train_dino').main(TINY_DINO + ['--output', dino]) == 0
@@ -201,8 +211,8 @@ def test_push_script_publishes_a_dino_run_and_exported_model_folders(run_dir, tm
         out = tmp_path / f'{name}_hub'
         assert push_script.main([source, '--out', str(out), '--dry-run']) == 0
         cards[name] = (out / 'README.md').read_text()
-        assert not LOCAL_PATH.search(cards[name]) and str(tmp_path) not in cards[name]
-        assert os.path.dirname(run_dir) not in cards[name] and '$' not in cards[name].replace('$ ', '')
+        assert not LOCAL_PATH.search(cards[name]) and str(tmp_path) not in cards[name], name
+        assert os.path.dirname(run_dir) not in cards[name] and '$' not in cards[name].replace('$ ', ''), name
     assert cards['dino'] == cards['dino_model']  # a run's model/ folder publishes that run
     meta = _front_matter(cards['dino'])
     assert meta['pipeline_tag'] == 'image-feature-extraction' and 'model-index' not in meta and 'datasets' not in meta
@@ -221,6 +231,7 @@ def test_push_script_publishes_a_dino_run_and_exported_model_folders(run_dir, tm
     assert 'without the training run that made it' in capsys.readouterr().err and not (bare / 'hub').exists()
 
 
+@pytest.mark.slow
 def test_recursive_card_shows_the_runs_halting_measurement(run_dir, tmp_path, capsys):
     """Without RUN/halting.json the card says how to measure it; with it, its table; a measurement of other
     weights than the card publishes is refused."""

@@ -96,6 +96,7 @@ def tiny_checkpoints(tmp_path_factory):
     return checkpoints
 
 
+@pytest.mark.slow
 def test_command_writes_the_json_and_the_plot(tiny_checkpoints, tmp_path, capsys):
     from PIL import Image
     canvases = str(tmp_path / 'canvases')
@@ -107,12 +108,13 @@ def test_command_writes_the_json_and_the_plot(tiny_checkpoints, tmp_path, capsys
         assert point_in_box_command.main(['--compare', *compare, '--dataset', dataset, '--box', box, '--num-images', '6',
                          '--batch-size', '4', '--out', str(out)]) == 0
         result = json.loads((out / 'point_in_box.json').read_text())
-        assert result['canvases'] == 6 and result['img_size'] == 16 and result['box'] == box
-        assert list(result['backbones']) == ['softmax', 'entmax', 'reg4']
-        assert [b['num_prefix_tokens'] for b in result['backbones'].values()] == [1, 1, 5]
-        for backbone in result['backbones'].values():
-            assert len(backbone['pib']) == 2 and all(0 <= v <= 1 for v in backbone['pib'] + backbone['patch_mass'])
-            assert backbone['chance'] == result['backbones']['softmax']['chance']  # the same boxes for all
+        assert result['canvases'] == 6 and result['img_size'] == 16 and result['box'] == box, box
+        assert list(result['backbones']) == ['softmax', 'entmax', 'reg4'], box
+        assert [b['num_prefix_tokens'] for b in result['backbones'].values()] == [1, 1, 5], box
+        for name, backbone in result['backbones'].items():
+            assert len(backbone['pib']) == 2 and all(0 <= v <= 1 for v in backbone['pib'] + backbone['patch_mass']), \
+                (box, name)
+            assert backbone['chance'] == result['backbones']['softmax']['chance'], (box, name)  # the same boxes for all
         if box == 'tile':
             assert result['backbones']['softmax']['chance'] == pytest.approx([.25, .25])
             assert result['backbones']['softmax']['queries'] == 6 * 16
@@ -120,6 +122,7 @@ def test_command_writes_the_json_and_the_plot(tiny_checkpoints, tmp_path, capsys
         assert f'entmax block  1: PiB {result["backbones"]["entmax"]["pib"][1]:.3f}' in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('argv, message', [
     (['--compare', 'softmax'], '--compare takes distinct NAME=CHECKPOINT'),
     (['--compare', 'a=missing'], 'checkpoint missing does not exist'),

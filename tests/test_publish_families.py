@@ -57,6 +57,7 @@ def _front_matter(card: str) -> dict:
     return yaml.safe_load(card.split('---\n')[1])
 
 
+@pytest.mark.slow
 def test_card_and_config_say_how_to_install_and_that_the_import_is_needed(published):
     family, run, out = published
     card = open(os.path.join(out, 'README.md')).read()
@@ -79,6 +80,7 @@ def test_card_and_config_say_how_to_install_and_that_the_import_is_needed(publis
     assert 'import timm_recursive' in config['requires']['usage'] and config['architecture'] in config['requires']['usage']
 
 
+@pytest.mark.slow
 def test_card_usage_snippet_runs_on_the_datasets_own_grayscale_images(published):
     """The card's Python block, run as written (the Hub id pointed at the local folder) on a digits image."""
     family, run, out = published
@@ -95,6 +97,7 @@ def test_card_usage_snippet_runs_on_the_datasets_own_grayscale_images(published)
     assert torch.equal(namespace['prediction'], expected)
 
 
+@pytest.mark.slow
 def test_base_model_and_dataset_ids_only_when_they_are_hub_ids(published, tmp_path):
     family, run_dir, out = published
     run = load_run(run_dir)
@@ -136,6 +139,7 @@ def test_a_model_without_a_card_family_is_a_clear_error():
         render_model_card(model, {}, {}, 'note.', 'me/tiny', model.pretrained_cfg)
 
 
+@pytest.mark.slow
 def test_token_fusion_objective_weights_are_in_the_recipe_of_token_fusion_cards(published):
     family, run_dir, out = published
     run = load_run(run_dir)

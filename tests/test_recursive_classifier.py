@@ -220,50 +220,54 @@ def test_bfloat16_forward():
     assert model(torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
-def test_grad_window_changes_gradients_not_values():
+@pytest.mark.parametrize('window', [0, 1, 3])
+def test_grad_window_changes_gradients_not_values(window):
     torch.manual_seed(0)
     x = torch.randn(2, 3, 32, 32)
-    models = {w: _tiny(num_steps=4, grad_window=w).eval() for w in (0, 1, 3)}
-    for model in models.values():
-        model.load_state_dict(models[0].state_dict())
-    for window, model in models.items():
-        logits, _ = model.forward_steps(x)
-        torch.testing.assert_close(logits, models[0].forward_steps(x)[0])
-        logits[-1].sum().backward()  # the last step's loss reaches step 1 (y_init) through the latents
-        reached = model.y_init.grad is not None and bool(model.y_init.grad.abs().sum() > 0)
-        assert reached == (window > 0)
-        model.zero_grad(set_to_none=True)
-        model(x).sum().backward()  # forward(): one loss, gradients through the whole recursion
-        assert model.y_init.grad is not None and model.y_init.grad.abs().sum() > 0
+    detached = _tiny(num_steps=4, grad_window=0).eval()
+    model = _tiny(num_steps=4, grad_window=window).eval()
+    model.load_state_dict(detached.state_dict())
+    logits, _ = model.forward_steps(x)
+    torch.testing.assert_close(logits, detached.forward_steps(x)[0])
+    logits[-1].sum().backward()  # the last step's loss reaches step 1 (y_init) through the latents
+    reached = model.y_init.grad is not None and bool(model.y_init.grad.abs().sum() > 0)
+    assert reached == (window > 0)
+    model.zero_grad(set_to_none=True)
+    model(x).sum().backward()  # forward(): one loss, gradients through the whole recursion
+    assert model.y_init.grad is not None and model.y_init.grad.abs().sum() > 0
+
+
+def test_a_negative_grad_window_is_refused():
     with pytest.raises(ValueError, match='grad_window'):
         _tiny(grad_window=-1)
 
 
+@pytest.mark.parametrize('window', [0, 1])
 @pytest.mark.parametrize('y_embed', ['hard', 'soft'])
-def test_hypothesis_carries_gradient_to_the_previous_prediction(y_embed):
+def test_hypothesis_carries_gradient_to_the_previous_prediction(y_embed, window):
     # step 2's loss reaches step 1's logits through the hypothesis token; a hard hypothesis takes the
     # soft mix's gradient straight through, so every class embedding learns, not only the predicted ones
     torch.manual_seed(0)
     x = torch.randn(4, 3, 32, 32)
-    for window in (0, 1):
-        model = _tiny(num_steps=2, grad_window=window, y_embed=y_embed, attn='dense')
-        head_outputs = []
+    model = _tiny(num_steps=2, grad_window=window, y_embed=y_embed, attn='dense')
+    head_outputs = []
 
-        def keep(module, args, out):
-            out.retain_grad()
-            head_outputs.append(out)
+    def keep(module, args, out):
+        out.retain_grad()
+        head_outputs.append(out)
 
-        model.head.register_forward_hook(keep)
-        logits, _ = model.forward_steps(x)
-        logits[1].logsumexp(-1).sum().backward()
-        step1_logits = head_outputs[0]
-        assert (step1_logits.grad is not None and bool(step1_logits.grad.abs().sum() > 0)) == (window > 0)
-        if y_embed == 'hard':
-            rows_trained = int((model.class_embed.weight.grad.abs().sum(-1) > 0).sum())
-            predicted = logits[0].argmax(-1).unique().numel()
-            assert rows_trained == (model.num_classes if window > 0 else predicted)
+    model.head.register_forward_hook(keep)
+    logits, _ = model.forward_steps(x)
+    logits[1].logsumexp(-1).sum().backward()
+    step1_logits = head_outputs[0]
+    assert (step1_logits.grad is not None and bool(step1_logits.grad.abs().sum() > 0)) == (window > 0)
+    if y_embed == 'hard':
+        rows_trained = int((model.class_embed.weight.grad.abs().sum(-1) > 0).sum())
+        predicted = logits[0].argmax(-1).unique().numel()
+        assert rows_trained == (model.num_classes if window > 0 else predicted)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('attn', ['dsa', 'dense'])
 def test_every_latent_a_later_step_reads_is_trained_and_gradients_stay_bounded(attn):
     # 16 steps, k=6: DSA is sparse from step 5 on, so a later step may skip a latent; the newest
@@ -298,6 +302,7 @@ def test_forward_intermediates_gives_the_encoder_stages_and_forward_features():
         model.forward_intermediates(x, output_fmt='NHWC')
 
 
+@pytest.mark.slow
 def test_recursion_gradients_command(capsys):
     from timm_recursive.cli.recursion_gradients import main
     assert main(['--model', 'recursive_dsa_moe_tiny', '--model-kwargs', 'num_steps=3', 'in_chans=1',
@@ -317,6 +322,7 @@ def _digits_batches(model, split: str, count: int):
     return labelled_batches(getattr(splits, split), create_dataset_transform(model, splits, False), count, 100)
 
 
+@pytest.mark.slow
 def test_summary_probe_measures_the_summary_not_the_readout():
     from timm_recursive.analysis.summary_probe import summaries_and_steps, summary_probe
     torch.manual_seed(0)
@@ -335,6 +341,7 @@ def test_summary_probe_measures_the_summary_not_the_readout():
         summaries_and_steps(torch.nn.Linear(2, 2), test[:1])
 
 
+@pytest.mark.slow
 def test_summary_probe_command(tmp_path, capsys):
     from timm_recursive.cli.summary_probe import main
     from timm_recursive.runs import export_model
@@ -380,9 +387,10 @@ def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
                                model.forward_steps(images)[0])
     tokens = torch.randn(4, 4, TINY['embed_dim'])
     for name, (role, _) in INTERVENTIONS.items():
-        assert _replacement(model, name, tokens, labels, wrong, other).shape == tokens[:, ROLE_SLOTS[role]].shape
+        assert _replacement(model, name, tokens, labels, wrong, other).shape == tokens[:, ROLE_SLOTS[role]].shape, name
 
 
+@pytest.mark.slow
 def test_interventions_measure_which_inputs_a_step_follows():
     from timm_recursive.analysis.recursion_interventions import recursion_interventions
     torch.manual_seed(0)
@@ -418,6 +426,7 @@ def test_interventions_measure_which_inputs_a_step_follows():
         recursion_interventions(torch.nn.Linear(2, 2), batches)
 
 
+@pytest.mark.slow
 def test_interventions_command(tmp_path, capsys):
     from timm_recursive.cli.recursion_interventions import main
     from timm_recursive.runs import export_model
@@ -449,6 +458,7 @@ def test_labelled_batches_leave_no_single_image_batch():
     assert batches[1]['pixel_values'][:, 0, 0, 0].tolist() == [5., 6., 7., 8., 9., 10.]
 
 
+@pytest.mark.slow
 def test_interventions_compare_saved_outputs(tmp_path, capsys):
     from timm_recursive.analysis.recursion_interventions import INTERVENTIONS
     from timm_recursive.cli.recursion_interventions import main

@@ -97,6 +97,7 @@ def test_trace_saves_and_loads_as_json(tmp_path):
         RecursionTracer(timm.create_model('resnet10t'))
 
 
+@pytest.mark.slow
 def test_report_runs_end_to_end_and_writes_every_file(tmp_path, capsys):
     out = tmp_path / 'report'
     args = ['--model', 'recursive_dsa_moe_tiny', '--model-kwargs', 'num_steps=6', 'topk=4', '--dataset', 'digits',

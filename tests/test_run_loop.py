@@ -23,6 +23,7 @@ def _weights(state):
     return load_file(os.path.join(state, 'model.safetensors'))
 
 
+@pytest.mark.slow
 def test_a_second_run_into_the_same_output_gets_a_new_folder(tmp_path, caplog):
     run = str(tmp_path / 'run')
     assert train_script.main(TINY_RUN + ['--epochs', '1', '--output', run]) == 0
@@ -42,6 +43,7 @@ def test_keep_states_must_be_at_least_one(script, capsys):
     assert exit_info.value.code == 2 and '--keep-states/--checkpoint-hist: must be at least 1, got 0' in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_rotation_removes_only_the_runs_own_states(tmp_path):
     run = str(tmp_path / 'run')
     assert train_script.main(TINY_RUN + ['--epochs', '1', '--output', run]) == 0
@@ -58,6 +60,7 @@ def test_rotation_removes_only_the_runs_own_states(tmp_path):
     assert [path for path, _ in find_states(checkpoints)] == [os.path.join(checkpoints, 'epoch0003'), foreign]
 
 
+@pytest.mark.slow
 def test_a_corrupt_newest_state_falls_back_to_the_previous_one(tmp_path, caplog):
     run = str(tmp_path / 'run')
     assert train_script.main(TINY_RUN + ['--epochs', '2', '--output', run]) == 0

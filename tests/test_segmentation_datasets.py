@@ -113,6 +113,7 @@ def test_cityscapes_masks_are_train_ids(tmp_path):
     assert sum(bool((mask == 0).all()) for mask in masks) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name, make, num_classes', [('torch/voc2012', make_voc, 21),
                                                       ('torch/cityscapes', make_cityscapes, 19)])
 def test_probe_segment_on_the_official_layouts(tmp_path, name, make, num_classes, capsys):

@@ -277,19 +277,23 @@ def test_clear_errors():
         TokenFusionVisionTransformer(block_fn=Block)
 
 
-def test_fusion_maps_command_writes_a_png_per_image(tmp_path):
+def test_fusion_stages_say_which_patches_each_block_keeps_and_fuses():
     from timm_recursive.analysis.token_fusion_maps import fusion_stages
-    from timm_recursive.cli.token_fusion_maps import main
     torch.manual_seed(0)
     model = timm.create_model('deit_t_tokenfuse', **SMALL).eval()
     stages = fusion_stages(model, torch.randn(2, 3, 96, 96))
     assert [s['block'] for s in stages] == [3, 6, 9] and [s['num_kept'] for s in stages] == [26, 21, 18]
     for s in stages:  # every patch is kept or in a cluster; clusters number the fused tokens
-        assert ((s['cluster'] >= 0) == s['fused']).all() and s['cluster'].max() == 3
-    assert main(['--model', 'deit_tiny_patch16_224', '--keep-rate', '0.5', '--out', str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ['token_fusion.json', 'token_fusion_0.png', 'token_fusion_1.png']
+        assert ((s['cluster'] >= 0) == s['fused']).all() and s['cluster'].max() == 3, s['block']
     with pytest.raises(TypeError, match='no token fusion block'):
         fusion_stages(timm.create_model('deit_tiny_patch16_224', **SMALL), torch.randn(1, 3, 96, 96))
+
+
+@pytest.mark.slow
+def test_fusion_maps_command_writes_a_png_per_image(tmp_path):
+    from timm_recursive.cli.token_fusion_maps import main
+    assert main(['--model', 'deit_tiny_patch16_224', '--keep-rate', '0.5', '--out', str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['token_fusion.json', 'token_fusion_0.png', 'token_fusion_1.png']
 
 
 def test_cost_adds_the_clustering_of_every_recorded_reduction():
@@ -389,7 +393,7 @@ def test_one_default_importance_score_the_sources():
     assert DEFAULT_IMPORTANCE_SCORE == 'cls_query'
     for fn in (TokenFusion, apply_token_fusion, TokenFusionVisionTransformer, ClsRowAttention.forward_with_cls_row):
         assert inspect.signature(fn).parameters['importance_score' if fn is not ClsRowAttention.forward_with_cls_row
-                                                else 'score'].default == DEFAULT_IMPORTANCE_SCORE
+                                                else 'score'].default == DEFAULT_IMPORTANCE_SCORE, fn
     assert timm.create_model('deit_t_tokenfuse', img_size=32).blocks[3].fusion.importance_score == 'cls_query'
 
 
@@ -463,6 +467,7 @@ TINY_DATA = ['--dataset', 'digits', '--in-chans', '1', '--max-train-samples', '6
              '--no-progress']
 
 
+@pytest.mark.slow
 def test_finetune_a_fused_model_from_dense_weights_with_the_objective(tmp_path, capsys):
     from helpers import TINY_RUN, load_script
     from timm_recursive.runs import create_model_from_checkpoint
@@ -488,6 +493,7 @@ def test_finetune_a_fused_model_from_dense_weights_with_the_objective(tmp_path, 
     assert 'has no TokenFusion layer' in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_imagenet_evaluation_command_runs_offline_on_an_imagefolder(tmp_path):
     """The README's ImageNet command, with a local DeiT-Ti weight file and a 2-class val/ folder for the Hub and ImageNet."""
     from PIL import Image
@@ -517,9 +523,9 @@ def test_every_parameter_gets_gradient_through_the_reductions(mode):
         assert p.grad is not None and torch.count_nonzero(p.grad) > 0, name
 
 
-def test_the_keep_rate_for_a_mac_budget_is_the_largest_within_it(capsys):
+@pytest.mark.slow  # a search over keep rates: about 4 s
+def test_the_keep_rate_for_a_mac_budget_is_the_largest_within_it():
     from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget
-    from timm_recursive.cli.token_fusion_cost import main
     image = torch.randn(1, 3, 96, 96)
 
     def build(keep_rate, fused=2):
@@ -533,6 +539,10 @@ def test_the_keep_rate_for_a_mac_budget_is_the_largest_within_it(capsys):
     assert keep_rate_for_budget(build, image, 2 * dense)['keep_rate'] == 1.0
     with pytest.raises(ValueError, match='below the cost at keep rate'):
         keep_rate_for_budget(build, image, 0.01 * dense)
+
+
+def test_the_cost_command_refuses_a_budget_that_is_not_positive(capsys):
+    from timm_recursive.cli.token_fusion_cost import main
     with pytest.raises(SystemExit) as exit_:
         main(['--model', 'deit_t_tokenfuse', '--budget-gmacs', '0'])
     assert exit_.value.code == 2 and '--budget-gmacs must be positive' in capsys.readouterr().err

@@ -51,6 +51,7 @@ def test_bad_flags_give_a_clear_usage_error(argv, message, capsys):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_training_with_timm_flags_compile_trackers_and_an_input_size_override(tmp_path):
     pytest.importorskip('tensorboard')
     run = tmp_path / 'run'
@@ -74,12 +75,22 @@ def _class_folders(root, per_class: int = 6):
     return str(root)
 
 
-def test_a_flat_class_folder_trains_with_val_fraction_alone(tmp_path, capsys):
-    data = _class_folders(tmp_path / 'data')
+def _tiny_run_on(data):
+    """TINY_RUN on the dataset ``data`` instead of digits."""
     base = [a for a in TINY_RUN if a not in ('digits',)]
     base[base.index('--dataset') + 1:base.index('--dataset') + 1] = [data]
+    return base
+
+
+def test_a_flat_class_folder_without_val_fraction_is_refused(tmp_path, capsys):
+    base = _tiny_run_on(_class_folders(tmp_path / 'data'))
     assert train_script.main(base + ['--epochs', '1', '--val-fraction', '0', '--output', str(tmp_path / 'no_eval')]) == 2
     assert 'only a \'train\' split' in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_flat_class_folder_trains_with_val_fraction_alone(tmp_path):
+    base = _tiny_run_on(_class_folders(tmp_path / 'data'))
     run = tmp_path / 'run'
     assert train_script.main(base + ['--epochs', '1', '--val-fraction', '0.25', '--output', str(run)]) == 0
     summary = json.loads((run / 'summary.json').read_text())
@@ -112,6 +123,10 @@ def test_a_config_file_sets_defaults_and_the_command_line_wins(tmp_path):
     args = train_script.parse_args(['-c', str(config), '-b', '4'])
     assert args.batch_size == 4 and args.lr == 1e-3 and args.seeds == [3] and args.model_kwargs == {'num_steps': 2}
     assert args.mixed_precision == 'fp16' and args.sched == 'step' and args.scale == [0.5, 1.0]
+
+
+def test_a_dino_config_file_sits_between_the_preset_and_the_command_line(tmp_path):
+    config = tmp_path / 'recipe.yaml'
     dino = load_script('train_dino')
     config.write_text('epochs: 3\nmodel_kwargs: {depth: 2}\n')
     args = dino.parse_args(['--preset', 'cpu28', '--config', str(config), '--lr', '0.1'])
@@ -135,6 +150,7 @@ def test_a_bad_config_file_is_a_usage_error_naming_it(text, message, tmp_path, c
     assert exit_info.value.code == 2 and f'--config {config}: {message}' in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('objective,logged', [('ponder_net', 'halting_kl'), ('act', 'ponder_cost')])
 def test_a_halting_objective_trains_the_halting_head_and_exports_it(objective, logged, tmp_path):
     import timm
@@ -169,13 +185,19 @@ DEIT_RECIPE = ('aa: rand-m9-mstd0.5-inc1\nreprob: 0.25\nremode: pixel\nrecount: 
                'cooldown-epochs: 1\n')
 
 
-def test_a_deit_recipe_config_trains_with_timm_augmentations(tmp_path):
+def test_a_deit_recipe_config_sets_timm_augmentations(tmp_path):
     config = tmp_path / 'deit.yaml'
     config.write_text(DEIT_RECIPE)
     args = train_script.parse_args(['-c', str(config), '--smoothing', '0.2'])
     assert (args.aa, args.reprob, args.remode, args.recount) == ('rand-m9-mstd0.5-inc1', 0.25, 'pixel', 1)
     assert (args.mixup, args.cutmix, args.mixup_switch_prob, args.mixup_mode) == (0.8, 1.0, 0.5, 'batch')
     assert args.label_smoothing == 0.2 and args.mixup_off_epoch == 1 and args.color_jitter == 0.3
+
+
+@pytest.mark.slow
+def test_a_deit_recipe_config_trains_with_timm_augmentations(tmp_path):
+    config = tmp_path / 'deit.yaml'
+    config.write_text(DEIT_RECIPE)
     run = tmp_path / 'run'
     assert train_script.main(TINY_RUN + ['-c', str(config), '--epochs', '2', '--output', str(run)]) == 0
     recorded = json.loads((run / 'args.json').read_text())
@@ -212,6 +234,7 @@ def test_the_train_transform_applies_the_augmentation_flags():
     assert 'RandAugment' in names and 'RandomErasing' in names
 
 
+@pytest.mark.slow
 def test_timm_optimizer_scheduler_and_ema_options_reach_their_objects(tmp_path, monkeypatch):
     seen = {}
 
@@ -230,5 +253,8 @@ def test_timm_optimizer_scheduler_and_ema_options_reach_their_objects(tmp_path, 
     assert (seen['sched']['decay_epochs'], seen['sched']['decay_rate']) == (2, 0.5)
     assert seen['ema']['use_warmup'] is True
     assert len(list((tmp_path / 'run' / 'checkpoints').iterdir())) == 1
+
+
+def test_opt_eps_and_opt_betas_parse_as_numbers():
     args = train_script.parse_args(['--opt-eps', '1e-6', '--opt-betas', '0.9', '0.95'])
     assert args.opt_eps == 1e-6 and args.opt_betas == [0.9, 0.95]

@@ -35,6 +35,7 @@ def _record(monkeypatch, name, seen):
     monkeypatch.setattr(train_script, name, recording)
 
 
+@pytest.mark.slow
 def test_optimizer_scheduler_clipping_compile_and_logging_options_reach_their_objects(tmp_path, monkeypatch, caplog):
     seen = {}
     for name in ('create_optimizer_v2', 'create_scheduler_v2', 'dispatch_clip_grad'):
@@ -74,6 +75,7 @@ def test_the_learning_rate_is_lr_else_timms_lr_base_rule_else_the_default():
     assert lr() == 1e-3
 
 
+@pytest.mark.slow
 def test_bce_loss_trains_every_step_with_timms_binary_cross_entropy(tmp_path, monkeypatch):
     made, calls = [], []
 
@@ -95,6 +97,7 @@ def test_bce_loss_trains_every_step_with_timms_binary_cross_entropy(tmp_path, mo
     assert json.loads((run / 'args.json').read_text())['bce_loss'] is True
 
 
+@pytest.mark.slow
 def test_initial_checkpoint_loads_a_saved_state_strictly(trained_run, tmp_path, capsys):
     state = sorted((trained_run / 'checkpoints').iterdir())[-1]
     run = tmp_path / 'run'
@@ -110,6 +113,7 @@ def test_initial_checkpoint_loads_a_saved_state_strictly(trained_run, tmp_path, 
     assert 'error: checkpoint' in capsys.readouterr().err and not other.exists()
 
 
+@pytest.mark.slow
 def test_pretrained_path_loads_the_body_and_starts_a_fresh_classifier(trained_run, tmp_path):
     weights = trained_run / 'model' / 'model.safetensors'
     run = tmp_path / 'run'
@@ -123,6 +127,7 @@ def test_pretrained_path_loads_the_body_and_starts_a_fresh_classifier(trained_ru
     assert json.loads((run / 'args.json').read_text())['pretrained'] is True
 
 
+@pytest.mark.slow
 def test_model_dtype_global_pool_and_sync_bn_reach_the_model(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger='train')
     run = tmp_path / 'run'
@@ -153,6 +158,7 @@ def test_sync_bn_converts_batchnorm_only_when_several_processes_train():
         converted(2, 'cpu')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('metric,best_epoch', [('top1', 2), ('top5', 1), ('loss', 1)])
 def test_eval_metric_picks_the_best_epoch(metric, best_epoch, tmp_path, monkeypatch):
     # epoch 2 is better on top-1 only

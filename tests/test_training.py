@@ -26,13 +26,15 @@ def _state_weights(run_dir, state, filename='model.safetensors'):
     return load_file(os.path.join(run_dir, 'checkpoints', state, filename))
 
 
-def test_step_weights():
-    for weighting in ('uniform', 'linear', 'last'):
-        w = step_weights(4, weighting)
-        assert w.shape == (4,) and w.sum().item() == pytest.approx(1.)
-    assert step_weights(4, 'uniform').tolist() == [0.25] * 4
-    assert step_weights(4, 'linear').tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4])
-    assert step_weights(4, 'last').tolist() == [0., 0., 0., 1.]
+@pytest.mark.parametrize('weighting,expected', [
+    ('uniform', [0.25] * 4), ('linear', [0.1, 0.2, 0.3, 0.4]), ('last', [0., 0., 0., 1.])])
+def test_step_weights(weighting, expected):
+    w = step_weights(4, weighting)
+    assert w.shape == (4,) and w.sum().item() == pytest.approx(1.)
+    assert w.tolist() == pytest.approx(expected)
+
+
+def test_an_unknown_step_weighting_is_refused():
     with pytest.raises(ValueError, match='step weighting'):
         step_weights(4, 'exponential')
 
@@ -61,12 +63,12 @@ def test_evaluate_steps_counts_per_step_hits():
     assert result['top1'] == [50., 100.] and result['top5'] == [100., 100.] and result['images'] == 8
 
 
-def test_evaluating_a_wrapped_model_leaves_it_in_its_own_mode():
+@pytest.mark.parametrize('training', [False, True], ids=['eval', 'train'])
+def test_evaluating_a_wrapped_model_leaves_it_in_its_own_mode(training):
     loader = [{'pixel_values': torch.randn(2, 3, 32, 32), 'label': torch.tensor([0, 1])}]
-    for training in (False, True):
-        model = timm.create_model('resnet10t', num_classes=3).train(training)
-        evaluate_steps(StepOutputs(model), loader)
-        assert model.training is training
+    model = timm.create_model('resnet10t', num_classes=3).train(training)
+    evaluate_steps(StepOutputs(model), loader)
+    assert model.training is training
 
 
 def test_step_outputs_wraps_plain_timm_models():
@@ -75,6 +77,7 @@ def test_step_outputs_wraps_plain_timm_models():
     assert logits.shape == (1, 2, 3) and aux.item() == 0. and StepOutputs(model).num_steps == 1
 
 
+@pytest.mark.slow
 def test_train_writes_metrics_summary_and_a_loadable_export(tmp_path):
     run = str(tmp_path / 'run')
     assert train_script.main(TINY_RUN + ['--epochs', '2', '--output', run]) == 0
@@ -125,6 +128,7 @@ def _interrupt_after(monkeypatch, calls):
     monkeypatch.setattr(train_script, 'deep_supervision_loss', loss_then_signal)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('stop_at_step', [2, 4])  # 4 steps per epoch: mid-epoch and at the epoch's end
 def test_resume_after_sigterm_reaches_the_uninterrupted_weights(tmp_path, monkeypatch, stop_at_step):
     args = TINY_RUN + ['--epochs', '2', '--mixup', '0.2', '--drop-path', '0.1']
@@ -145,6 +149,7 @@ def test_resume_after_sigterm_reaches_the_uninterrupted_weights(tmp_path, monkey
     assert measured_metrics(resumed) == measured_metrics(full)
 
 
+@pytest.mark.slow
 def test_resume_refuses_corrupt_or_mismatched_states_and_touches_nothing(tmp_path, capsys):
     run = str(tmp_path / 'run')
     assert train_script.main(TINY_RUN + ['--epochs', '1', '--output', run]) == 0
@@ -167,6 +172,7 @@ def test_resume_refuses_corrupt_or_mismatched_states_and_touches_nothing(tmp_pat
     assert sorted(os.listdir(os.path.join(run, 'checkpoints'))) == ['epoch0001']
 
 
+@pytest.mark.slow
 def test_interrupted_save_leaves_the_previous_state_intact(tmp_path):
     run = str(tmp_path / 'run')
     assert train_script.main(TINY_RUN + ['--epochs', '1', '--output', run]) == 0
@@ -176,25 +182,27 @@ def test_interrupted_save_leaves_the_previous_state_intact(tmp_path):
     assert find_last_state(ckpt) == os.path.join(ckpt, 'epoch0001')
 
 
-def test_load_weights_errors_name_the_file_and_the_problem(tmp_path):
-    model = timm.create_model('recursive_dsa_moe_tiny', num_steps=2)
-    other = timm.create_model('recursive_sa_mlp_tiny', num_steps=2)
-    path = str(tmp_path / 'other.safetensors')
+@pytest.mark.parametrize('problem,message', [
+    ('other architecture', 'other.safetensors does not match .*missing: .*unexpected: '),
+    ('shape mismatch', r'shape mismatch: head.weight: checkpoint \(10, 1\)'),
+    ('corrupt', 'corrupt or truncated'),
+    ('pickled', 'cannot be read as weights'),  # weights_only loading refuses arbitrary pickled objects
+])
+def test_load_weights_errors_name_the_file_and_the_problem(tmp_path, problem, message):
     from safetensors.torch import save_file
-    save_file(other.state_dict(), path)
-    with pytest.raises(CheckpointError, match='other.safetensors does not match .*missing: .*unexpected: '):
+    model = timm.create_model('recursive_dsa_moe_tiny', num_steps=2)
+    path = str(tmp_path / ('model.pth' if problem == 'pickled' else 'other.safetensors'))
+    if problem == 'other architecture':
+        save_file(timm.create_model('recursive_sa_mlp_tiny', num_steps=2).state_dict(), path)
+    elif problem == 'shape mismatch':
+        save_file({k: v[..., :1].contiguous() if k == 'head.weight' else v for k, v in model.state_dict().items()}, path)
+    elif problem == 'corrupt':
+        with open(path, 'wb') as f:
+            f.write(b'\x00' * 10)
+    else:
+        torch.save({'state_dict': model.state_dict(), 'optimizer': object()}, path)
+    with pytest.raises(CheckpointError, match=message):
         load_weights(model, path)
-    save_file({k: v[..., :1].contiguous() if k == 'head.weight' else v for k, v in model.state_dict().items()}, path)
-    with pytest.raises(CheckpointError, match=r'shape mismatch: head.weight: checkpoint \(10, 1\)'):
-        load_weights(model, path)
-    with open(path, 'wb') as f:
-        f.write(b'\x00' * 10)
-    with pytest.raises(CheckpointError, match='corrupt or truncated'):
-        load_weights(model, path)
-    pickled = str(tmp_path / 'model.pth')
-    torch.save({'state_dict': model.state_dict(), 'optimizer': object()}, pickled)
-    with pytest.raises(CheckpointError, match='cannot be read as weights'):
-        load_weights(model, pickled)  # weights_only loading refuses arbitrary pickled objects
 
 
 def test_evaluate_reports_a_bad_checkpoint(tmp_path, capsys):
@@ -204,6 +212,7 @@ def test_evaluate_reports_a_bad_checkpoint(tmp_path, capsys):
     assert 'broken.safetensors is corrupt' in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_seeds_report_mean_and_std(tmp_path):
     out = str(tmp_path / 'seeds')
     assert train_script.main(TINY_RUN + ['--epochs', '1', '--output', out, '--seeds', '0', '1']) == 0
@@ -213,6 +222,7 @@ def test_seeds_report_mean_and_std(tmp_path):
     assert len(summary['per_step_mean']) == 3
 
 
+@pytest.mark.slow
 def test_accelerate_launch_two_cpu_processes(tmp_path):
     run = str(tmp_path / 'ddp')
     # accelerate 1.x starts one process for `--cpu --num_processes 2` unless MPI is set up; torchrun
@@ -234,6 +244,7 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
         open(os.path.join(run, 'summary.json')))['best']['eval_top1_per_step']
 
 
+@pytest.mark.slow
 def test_bf16_autocast_and_model_ema(tmp_path):
     # a separate process: Accelerate's state (mixed precision included) is fixed once per process
     run = str(tmp_path / 'bf16')
@@ -249,7 +260,7 @@ def test_bf16_autocast_and_model_ema(tmp_path):
     for name in ('model.safetensors', 'model_ema.safetensors'):
         model = timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=recorded['in_chans'],
                                   checkpoint_path=os.path.join(state, name), **recorded['model_kwargs'])
-        assert all(torch.equal(v, _state_weights(run, 'epoch0001', name)[k]) for k, v in model.state_dict().items())
+        assert all(torch.equal(v, _state_weights(run, 'epoch0001', name)[k]) for k, v in model.state_dict().items()), name
     # the exported (EMA) weights reproduce the recorded accuracy in float32
     out = str(tmp_path / 'e.json')
     assert evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-eval-samples', '40', '--json', out]) == 0

@@ -107,9 +107,8 @@ def test_bad_arguments():
         timm.create_model('vit_tiny_entmax', not_an_argument=1)
 
 
-def test_sparsity_and_pca_report_files(tmp_path, capsys):
+def test_attention_sparsity_and_pca_feature_maps():
     from timm_recursive.analysis.attention_maps import attention_sparsity, pca_feature_maps
-    from timm_recursive.cli.attention_maps import main
     torch.manual_seed(0)
     model = timm.create_model('vit_tiny_entmax', **SMALL)
     images = torch.randn(2, 3, 64, 64)
@@ -120,6 +119,11 @@ def test_sparsity_and_pca_report_files(tmp_path, capsys):
     assert maps.shape == (2, 4, 4, 3) and maps.min() >= 0 and maps.max() <= 1
     with pytest.raises(TypeError, match='no EntmaxAttention'):
         attention_sparsity(timm.create_model('vit_tiny_patch16_224', **SMALL), images)
+
+
+@pytest.mark.slow
+def test_sparsity_and_pca_report_files(tmp_path, capsys):
+    from timm_recursive.cli.attention_maps import main
     out = tmp_path / 'report'
     picture = tmp_path / 'picture.png'
     Image.fromarray(np.random.RandomState(0).randint(0, 255, (40, 50, 3), dtype=np.uint8)).save(picture)

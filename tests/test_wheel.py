@@ -16,7 +16,11 @@ import sysconfig
 import venv
 import zipfile
 
+import pytest
+
 from helpers import ROOT
+
+pytestmark = pytest.mark.slow  # a wheel build and a virtual environment, in subprocesses
 
 CHECK = '''
 import os, sys, timm, torch

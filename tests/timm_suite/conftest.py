@@ -9,6 +9,7 @@ That exercises timm's real loading path (safetensors, ``in_chans`` adaptation, c
 """
 import os
 
+import pytest
 import safetensors.torch
 import timm
 from huggingface_hub import constants
@@ -29,13 +30,18 @@ def _in_suite(item) -> bool:
     return os.path.dirname(str(item.path)) == _SUITE_DIR
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects: the slow marker added here counts
 def pytest_collection_modifyitems(config, items):
-    """In timm's suite, keep the per-model tests parametrised with one of our models; deselect the rest."""
+    """In timm's suite, keep the per-model tests parametrised with one of our models, marked slow (minutes in
+    all: the fast tier leaves them out); deselect the rest."""
     ours, others = [], []
     for item in items:
         name = _model_name(item)
-        keep = not _in_suite(item) or (name is not None and name.split('.')[0] in OUR_MODELS)
+        in_suite = _in_suite(item)
+        keep = not in_suite or (name is not None and name.split('.')[0] in OUR_MODELS)
         (ours if keep else others).append(item)
+        if keep and in_suite:
+            item.add_marker(pytest.mark.slow)
     if others:
         config.hook.pytest_deselected(items=others)
     items[:] = ours
