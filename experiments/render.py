@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Regenerate every table and figure-in-prose of README.md, docs/ and experiments/ from the studies' JSON.
+"""Regenerate every table and figure-in-prose of README.md, docs/ and experiments/ from the studies' JSON, and the
+model cards from their run records (model_cards/runs/, see tools/model_cards.py).
 
     python experiments/render.py          # rewrite the marked pieces in place
     python experiments/render.py --check  # exit 1 and name each file whose pieces differ from its data
@@ -13,6 +14,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
+from tools import model_cards  # noqa: E402
 from tools.generated_markdown import GeneratedMarkdownError, Repository  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -44,7 +46,11 @@ def main(argv=None) -> int:
         return 2
     for path in stale:
         print(f'{"stale" if args.check else "rewrote"}: {path}')
-    return 1 if args.check and stale else 0
+    # the model cards, rendered from the run records beside them (this checkout's only)
+    card_problems = model_cards.stale(rewrite=not args.check) if args.root.resolve() == ROOT else []
+    for problem in card_problems:
+        print(f'stale: {problem}')
+    return 1 if (args.check and stale) or card_problems else 0
 
 
 if __name__ == '__main__':

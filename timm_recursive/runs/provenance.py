@@ -62,9 +62,11 @@ def typed_command(console_name: str, argv: Optional[Sequence[str]] = None) -> st
     """The command line as the user typed it: the console command's name when it was used (``timm-recursive
     train``, ``timm-recursive-train``), ``python SCRIPT`` for a script; with ``argv`` given (a call from Python),
     ``console_name`` and ``argv``."""
+    program = sys.argv[0]
+    if program.startswith('timm-recursive '):  # the dispatcher named its subcommand (timm_recursive.cli.main)
+        return shlex.join([*program.split(' '), *(sys.argv[2:] if argv is None else argv)])
     if argv is not None:
         return shlex.join([*console_name.split(' '), *argv])
-    program = sys.argv[0]
     name = os.path.basename(program)
     if name.startswith('timm-recursive'):
         head = name.split(' ')  # the dispatcher names its subcommand 'timm-recursive train'
