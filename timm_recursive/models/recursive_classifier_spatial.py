@@ -33,8 +33,8 @@ steps read through attention, so what a step learns about the image is what it c
   baselines, ``MemoryAttention``): every step token attends to every image token.
 * ``mask_seen=True`` (off by default; needs ``attn='dsa'``): in each block, the image tokens that the
   hypothesis query of an earlier step selected (its glimpse) cannot be selected again by any query of
-  a later step, so every step must read new image regions (with k = 6, 49 tokens are covered by step
-  9; then the steps read their own tokens only).
+  a later step, so every step must read new image regions (at most k a step: 49 tokens need at least
+  9 steps at k = 6; once all are read, the steps read their own tokens only).
 
 Halting: the pooled model's ``forward_adaptive`` (each image stops at its own step, by confidence,
 change or the learned halting head of ACT, Graves 2016, "Adaptive Computation Time for Recurrent
