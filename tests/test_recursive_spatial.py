@@ -203,7 +203,11 @@ def test_step_embedding_and_summary_options():
     plain = _tiny(step_embed=False)
     assert plain.step_embed is None and 'step_embed' not in plain.state_dict()
     model = _tiny()
-    assert model.step_embed.shape == (16, 32)
+    assert model.step_embed.shape == (64, 32)  # max_steps rows: the weights do not depend on num_steps
+    fewer = _tiny(num_steps=5)
+    fewer.load_state_dict(model.state_dict())
+    with pytest.raises(ValueError, match='max_steps'):
+        _tiny(num_steps=20, max_steps=16)
     assert {'pos_embed', 'step_embed'} <= model.no_weight_decay()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():

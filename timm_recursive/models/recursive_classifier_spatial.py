@@ -17,7 +17,8 @@ steps read through attention, so what a step learns about the image is what it c
 * **Step tokens** (the queries): ``[hypothesis; history]`` of the pooled layout without its summary
   token (``keep_summary=True`` puts it back in front: step 1 then sees the whole image for free, the
   pooled model's shortcut), i.e. the hypothesis ``y_{t-1}`` plus its role and a learned step embedding
-  (``step_embed``, on by default), then the latents ``z_0 .. z_{t-1}``: ``t + 1`` tokens at step t. The
+  (``step_embed``, on by default; a table of ``max_steps`` rows, so that the weights do not depend on
+  ``num_steps`` and a model can be run for another number of steps), then the latents ``z_0 .. z_{t-1}``: ``t + 1`` tokens at step t. The
   logits are read from the hypothesis slot, the new latent ``z_t`` from the last history slot, as in
   the pooled model (``forward_steps``, deep supervision as in TRM, Jolicoeur-Martineau 2025, "Less is
   More: Recursive Reasoning with Tiny Networks").
@@ -155,6 +156,9 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
         keep_summary: also give every step the pooled summary token (the pooled model's, first in
             the step's tokens); off by default, so that step 1 does not see the whole image for free.
         step_embed: add a learned embedding of the step number to the hypothesis token.
+        max_steps: rows of the step embedding table, the most steps the model can run (``num_steps``
+            may be changed up to it without changing the weights; steps a model was not trained for
+            read untrained rows).
         mask_seen: in each block, image tokens that an earlier step's hypothesis query selected cannot
             be selected again (needs ``attn='dsa'``).
         dynamic_img_size: resample the position embedding at every forward for inputs of another
@@ -171,6 +175,7 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             memory_stride: int = 4,
             keep_summary: bool = False,
             step_embed: bool = True,
+            max_steps: int = 64,
             mask_seen: bool = False,
             dynamic_img_size: bool = False,
             num_steps: int = 16,
@@ -194,6 +199,9 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
         if memory_stride not in strides:
             raise ValueError(f'memory_stride must be one of {strides} (the last encoder stage before or after its '
                              f'max-pool), got {memory_stride!r}')
+        if step_embed and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < num_steps):
+            raise ValueError(f'max_steps (the step embedding\'s rows) must be an integer >= num_steps={num_steps}, '
+                             f'got {max_steps!r}')
         if mask_seen and attn != 'dsa':
             raise ValueError("mask_seen needs attn='dsa' (dense attention selects no image tokens to mask)")
         img_size = to_2tuple(img_size)
@@ -214,7 +222,7 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
         conv, pool, bn, act = self.stages[-1]
         self.stages[-1] = nn.Sequential(conv, bn, act, pool)
         self.pos_embed = nn.Parameter(torch.zeros(1, grid[0] * grid[1], embed_dim, **dd))
-        self.step_embed = nn.Parameter(torch.zeros(num_steps, embed_dim, **dd)) if step_embed else None
+        self.step_embed = nn.Parameter(torch.zeros(max_steps, embed_dim, **dd)) if step_embed else None
         trunc_normal_(self.pos_embed, std=.02)
         if self.step_embed is not None:
             trunc_normal_(self.step_embed, std=.02)
