@@ -332,6 +332,10 @@ def test_features_only_and_forward_intermediates():
     torch.testing.assert_close(first[0], stages[0])
     with pytest.raises(ValueError, match='NCHW'):
         model.forward_intermediates(x, output_fmt='NHWC')
+    pooled_memory = _tiny(num_steps=2, memory_stride=8, keep_summary=True)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(pooled_memory.forward_intermediates(x)[0], pooled_memory.forward_features(x))
 
 
 def test_other_image_sizes():

@@ -266,20 +266,15 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
         self.memory_grid = list(grid)
 
     # the image memory ---------------------------------------------------------------------------
-    def _stage_maps(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The memory's feature map and the last stage's pooled output (the same tensor with memory_stride=8)."""
+    def _memory_map(self, x: torch.Tensor) -> torch.Tensor:
+        """The encoder's map the memory is read from: the last stage before its max-pool, or after it."""
         last = len(self.stages) - 1
         for i, stage in enumerate(self.stages):
             if i < last:
                 x = stage(x)
-        return self._last_stage(x)
-
-    def _last_stage(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The last stage on its input: the memory's map and the stage's pooled output."""
         stage = self.stages[-1]
         x = stage[2](stage[1](stage[0](x)))  # conv, BN, ReLU at full resolution
-        pooled = stage[3](x)
-        return (pooled if self.memory_pooled else x), pooled
+        return stage[3](x) if self.memory_pooled else x
 
     def _embed_memory(self, feature_map: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Image tokens (B, N, d) with their positions, and the summary token (B, 1, d) with its role if kept."""
@@ -294,7 +289,7 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
     def _encode(self, x: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The image memory (B, N, d) and the summary token (B, 1, d) if kept."""
         x = check_image_input(x, self.in_chans)
-        return self._embed_memory(self._stage_maps(x)[0])
+        return self._embed_memory(self._memory_map(x))
 
     def _memory(self, image: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """Every block's keys and values of the image tokens: computed once per forward, read by every step."""
@@ -413,8 +408,12 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
         intermediates = []
         memory_map = x
         for i, stage in enumerate(self.stages[:last_stage + 1]):
-            if i == last:
-                memory_map, x = self._last_stage(x)
+            if i == last:  # the memory's map and the stage's pooled output (the same with memory_stride=8)
+                x = stage[2](stage[1](stage[0](x)))
+                memory_map = x
+                x = stage[3](x)
+                if self.memory_pooled:
+                    memory_map = x
             else:
                 x = stage(x)
             if i in take_indices:
