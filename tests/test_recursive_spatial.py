@@ -63,7 +63,8 @@ def test_sizes_match_the_pooled_models(size, expected):
                 tuple(s[0].out_channels for s in model.stages)) == expected
         assert (model.num_steps, model.topk) == (16, 6)
     assert isinstance(spatial.blocks[0].attn, MemorySparseAttention)
-    assert isinstance(timm.create_model(f'recursive_sa_mlp_spatial_{size}', device='meta').blocks[0].attn, MemoryAttention)
+    dense = timm.create_model(f'recursive_sa_mlp_spatial_{size}', device='meta')
+    assert isinstance(dense.blocks[0].attn, MemoryAttention)
 
 
 def test_the_pretrained_config_sets_the_image_size_and_the_memory():
@@ -422,7 +423,8 @@ def test_flops_fall_with_topk(unfused_attention):
     ('recursive_dsa_moe_spatial_tiny', {}, 32),
     ('recursive_sa_mlp_spatial_tiny', {}, 32),
     ('recursive_sa_moe_spatial_tiny', {}, 32),
-    ('recursive_dsa_moe_spatial_tiny', dict(topk=2, y_embed='soft', num_steps=5, keep_summary=True, mask_seen=True), 32),
+    ('recursive_dsa_moe_spatial_tiny',
+     dict(topk=2, y_embed='soft', num_steps=5, keep_summary=True, mask_seen=True), 32),
     ('recursive_dsa_moe_spatial_tiny.fashion_mnist', dict(memory_stride=8, num_classes=7), 28),
     ('recursive_sa_mlp_spatial_tiny.mnist', {}, 28),
 ])

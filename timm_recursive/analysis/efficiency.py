@@ -43,7 +43,8 @@ from timm_recursive.models import RecursiveBlock, RecursiveClassifier, SpatialRe
 from timm_recursive.models.recursive_classifier_spatial import memory_grid_size, step_token_count
 
 __all__ = [
-    'block_macs_per_token', 'mixing_macs_per_token', 'memory_macs_per_token', 'memory_tokens', 'step_keys', 'active_params', 'forward_macs', 'adaptive_macs',
+    'block_macs_per_token', 'mixing_macs_per_token', 'memory_macs_per_token', 'memory_tokens', 'step_keys',
+    'active_params', 'forward_macs', 'adaptive_macs',
     'efficiency_report', 'parse_model_spec', 'build_reports',
 ]
 

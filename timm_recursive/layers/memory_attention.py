@@ -100,9 +100,12 @@ class MemoryAttention(nn.Module):
         return k, v
 
     def forward(
-            self, x: torch.Tensor, memory: Tuple[torch.Tensor, torch.Tensor], memory_mask: Optional[torch.Tensor] = None,
+            self,
+            x: torch.Tensor,
+            memory: Tuple[torch.Tensor, torch.Tensor],
+            memory_mask: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``x`` (B, L, C) queries, ``memory`` from ``memory_kv``; ``memory_mask`` is not used (every key is attended)."""
+        """``x`` (B, L, C) queries, ``memory`` from ``memory_kv``; ``memory_mask`` is unused (every key is attended)."""
         B, L, C = x.shape
         q, k, v = self.qkv(x).reshape(B, L, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         k = torch.cat([memory[0], k], dim=2)
@@ -125,7 +128,7 @@ class MemorySparseAttention(DynamicSparseAttention):
     """
 
     def memory_kv(self, memory: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The memory's shared key/value head side by side (B, N, 2 * head_dim) and its indexer keys (B, N, index_dim)."""
+        """The memory's shared key/value head side by side (B, N, 2 * head_dim), its indexer keys (B, N, index_dim)."""
         C = self.num_heads * self.head_dim
         bias = self.qkv.bias[C:] if self.qkv.bias is not None else None
         kv = F.linear(memory, self.qkv.weight[C:], bias)
@@ -151,14 +154,20 @@ class MemorySparseAttention(DynamicSparseAttention):
         return scores.masked_fill(torch.cat([memory_mask, own], dim=1).unsqueeze(1), float('-inf'))
 
     def select(
-            self, x: torch.Tensor, memory: Tuple[torch.Tensor, torch.Tensor], memory_mask: Optional[torch.Tensor] = None,
+            self,
+            x: torch.Tensor,
+            memory: Tuple[torch.Tensor, torch.Tensor],
+            memory_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Key positions (B, L, min(k, N + L)) each query attends to, as chosen by the indexer."""
         scores = self._selectable(self._scores(x, memory)[2], memory_mask)
         return scores.topk(min(self.topk, scores.shape[-1]), dim=-1).indices
 
     def forward(
-            self, x: torch.Tensor, memory: Tuple[torch.Tensor, torch.Tensor], memory_mask: Optional[torch.Tensor] = None,
+            self,
+            x: torch.Tensor,
+            memory: Tuple[torch.Tensor, torch.Tensor],
+            memory_mask: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``x`` (B, L, C) queries, ``memory`` from ``memory_kv``, ``memory_mask`` (B, N) True where unselectable."""
         B, L, C = x.shape

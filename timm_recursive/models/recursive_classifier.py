@@ -624,7 +624,8 @@ class RecursiveClassifier(nn.Module):
         steps = torch.full((B,), max_steps, dtype=torch.long, device=x.device)
         out: Optional[torch.Tensor] = None
         previous: Optional[torch.Tensor] = None  # class probabilities of the previous step ('change')
-        running = torch.ones(B, dtype=torch.float32, device=x.device)  # prod_{j<=t} (1 - halting probability) ('halting')
+        # prod_{j<=t} (1 - halting probability) ('halting')
+        running = torch.ones(B, dtype=torch.float32, device=x.device)
         for t in range(1, max_steps + 1):
             tokens, state, latent, context = self._adaptive_step(context, y, history, t)
             if t == self.num_steps:

@@ -18,9 +18,9 @@ steps read through attention, so what a step learns about the image is what it c
   token (``keep_summary=True`` puts it back in front: step 1 then sees the whole image for free, the
   pooled model's shortcut), i.e. the hypothesis ``y_{t-1}`` plus its role and a learned step embedding
   (``step_embed``, on by default; a table of ``max_steps`` rows, so that the weights do not depend on
-  ``num_steps`` and a model can be run for another number of steps), then the latents ``z_0 .. z_{t-1}``: ``t + 1`` tokens at step t. The
-  logits are read from the hypothesis slot, the new latent ``z_t`` from the last history slot, as in
-  the pooled model (``forward_steps``, deep supervision as in TRM, Jolicoeur-Martineau 2025, "Less is
+  ``num_steps`` and a model can be run for another number of steps), then the latents ``z_0 .. z_{t-1}``:
+  ``t + 1`` tokens at step t. The logits are read from the hypothesis slot, the new latent ``z_t``
+  from the last history slot, as in the pooled model (``forward_steps``, deep supervision as in TRM, Jolicoeur-Martineau 2025, "Less is
   More: Recursive Reasoning with Tiny Networks").
 * **Attention**: the keys and values of each block are ``[image tokens; step tokens]``, the latent
   array's cross-attention to the input array of Perceiver (Jaegle et al., 2021, "Perceiver: General
@@ -139,7 +139,10 @@ class SpatialRecursiveBlock(RecursiveBlock):
         return self.attn.memory_kv(self.norm_mem(image_tokens))
 
     def forward(
-            self, x: torch.Tensor, memory: Tuple[torch.Tensor, torch.Tensor], memory_mask: Optional[torch.Tensor] = None,
+            self,
+            x: torch.Tensor,
+            memory: Tuple[torch.Tensor, torch.Tensor],
+            memory_mask: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out, keys = self.attn(self.norm1(x), memory, memory_mask)
         x, aux = self._ffn(x + self.drop_path1(out))
