@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow  # ONNX and torch.export exports, torch.compile
 TINY = {
     'entmax': ('vit_tiny_entmax', dict(img_size=32, patch_size=8, depth=2), (3, 32, 32)),
     'recursive': ('recursive_dsa_moe_tiny', dict(num_steps=4, topk=3), (3, 32, 32)),
+    'recursive_spatial': ('recursive_dsa_moe_spatial_tiny', dict(num_steps=4, topk=3), (3, 32, 32)),
     'tokenfuse': ('deit_t_tokenfuse', dict(img_size=64, depth=4, reduction_blocks=(1, 2)), (3, 64, 64)),
 }
 # the ONNX agreement measured here (float32, opset of the exporter's default), kept below this

@@ -35,6 +35,8 @@ FAMILY_RUNS = {
                                      'reduction_blocks=(0,1)'],
     'RecursiveClassifier': ['--model', 'recursive_sa_moe_tiny', '--img-size', '16', '--in-chans', '1',
                             '--model-kwargs', 'num_steps=2'],
+    'SpatialRecursiveClassifier': ['--model', 'recursive_dsa_moe_spatial_tiny', '--img-size', '16', '--in-chans', '1',
+                                   '--model-kwargs', 'num_steps=2'],
 }
 
 

@@ -12,6 +12,13 @@ allocated), following the source's analysis:
 * per-step sequence length ``L_t = t + 2``, attention sparsity ``1 - min(k, L_t) / L_t`` and the
   crossover step, the first step where DSA attends to fewer keys than exist.
 
+Spatial models (``SpatialRecursiveClassifier``) are counted as they run: the ``t + 1`` step tokens of
+step t are the queries, the keys are the N image tokens and the step tokens (``N + t + 1``); the
+memory's per-block key/value (and DSA indexer key) projections are counted once per forward, each
+image token projected to the width once; DSA attention at its executed size, ``2 * heads * head_dim *
+min(k, N + L)`` per query (the layer gathers the k selected keys), plus the indexer's scores against
+every key.
+
 ``forward_macs`` counts a whole forward pass for one image, or one stopped after fewer steps;
 ``build_reports`` makes the table of several models by name (``name:key=value,...``) against the first;
 ``adaptive_macs`` counts each image of an adaptive forward (``forward_adaptive``) at its own number
@@ -27,13 +34,17 @@ from torch import nn
 
 from timm_recursive.layers import (
     DynamicSparseAttention,
+    MemoryAttention,
+    MemorySparseAttention,
     MixtureOfExperts,
     sparse_attention_sparsity,
 )
-from timm_recursive.models import RecursiveBlock, RecursiveClassifier
+from timm_recursive.models import RecursiveBlock, RecursiveClassifier, SpatialRecursiveClassifier
+from timm_recursive.models.recursive_classifier_spatial import memory_grid_size, step_token_count
 
 __all__ = [
-    'block_macs_per_token', 'mixing_macs_per_token', 'active_params', 'forward_macs', 'adaptive_macs',
+    'block_macs_per_token', 'mixing_macs_per_token', 'memory_macs_per_token', 'memory_tokens', 'step_keys',
+    'active_params', 'forward_macs', 'adaptive_macs',
     'efficiency_report', 'parse_model_spec', 'build_reports',
 ]
 
@@ -59,8 +70,13 @@ def block_macs_per_token(block: RecursiveBlock) -> int:
 
 
 def mixing_macs_per_token(block: RecursiveBlock, seq_len: int) -> int:
-    """Multiply-adds of one block's sequence mixing for one query token at sequence length L."""
+    """Multiply-adds of one block's sequence mixing for one query token at sequence length L (the keys:
+    ``N + L`` for a spatial block over N image tokens)."""
     attn = block.attn
+    if isinstance(attn, MemorySparseAttention):  # gathers the k selected keys; the indexer scores every key
+        return 2 * attn.num_heads * attn.head_dim * min(attn.topk, seq_len) + attn.index_q.weight.shape[0] * seq_len
+    if isinstance(attn, MemoryAttention):
+        return 2 * attn.num_heads * attn.head_dim * seq_len
     assert isinstance(attn, (Attention, DynamicSparseAttention))
     # q.k with every key and p.v with every value: DSA too computes every q.k product and keeps each
     # query's top k, then multiplies the values with the probabilities put back in place (zero at
@@ -69,6 +85,35 @@ def mixing_macs_per_token(block: RecursiveBlock, seq_len: int) -> int:
     if isinstance(attn, DynamicSparseAttention):
         macs += attn.index_q.weight.shape[0] * seq_len  # the indexer's scores
     return macs
+
+
+def memory_macs_per_token(block: RecursiveBlock) -> int:
+    """Multiply-adds of one spatial block's one-off projections of one image token: its key and value
+    (DSA: the shared key/value head and the indexer key), computed once per forward."""
+    attn = block.attn
+    if isinstance(attn, MemorySparseAttention):
+        return attn.qkv.weight.shape[1] * 2 * attn.head_dim + attn.index_k.weight.numel()
+    assert isinstance(attn, MemoryAttention), f'{type(attn).__name__} reads no memory'
+    return attn.qkv.weight.numel() * 2 // 3
+
+
+def memory_tokens(model: RecursiveClassifier, input_size: Tuple[int, int]) -> int:
+    """Image tokens N a spatial model reads at ``input_size`` (0 for a pooled model)."""
+    if not isinstance(model, SpatialRecursiveClassifier):
+        return 0
+    h, w = memory_grid_size(tuple(input_size), len(model.stages), model.memory_stride)
+    return h * w
+
+
+def step_keys(model: RecursiveClassifier, input_size: Tuple[int, int], num_steps: Optional[int] = None):
+    """Per step t = 1..T: (queries, keys) of its attention: ``(t + 2, t + 2)`` pooled, ``(L_t, N + L_t)``
+    spatial (``L_t = t + 1``, plus 1 with the summary token)."""
+    num_steps = model.num_steps if num_steps is None else num_steps
+    if isinstance(model, SpatialRecursiveClassifier):
+        n = memory_tokens(model, input_size)
+        return [(step_token_count(t, model.keep_summary), n + step_token_count(t, model.keep_summary))
+                for t in range(1, num_steps + 1)]
+    return [(t + 2, t + 2) for t in range(1, num_steps + 1)]
 
 
 def active_params(model: RecursiveClassifier) -> int:
@@ -88,6 +133,10 @@ def _encoder_macs(model: RecursiveClassifier, input_size: Tuple[int, int]) -> in
         conv = stage[0]
         macs += conv.weight.numel() * h * w  # 'same' padding: one output per input position
         h, w = h // 2, w // 2
+    # the projection of the pooled summary, or of every image token (and the blocks' keys and values of them)
+    n = memory_tokens(model, input_size)
+    if n:
+        return macs + n * (model.proj.weight.numel() + sum(memory_macs_per_token(b) for b in model.blocks))
     return macs + model.proj.weight.numel()
 
 
@@ -104,10 +153,9 @@ def forward_macs(
     if not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f'num_steps must be a positive integer, got {num_steps!r}')
     macs = _encoder_macs(model, input_size)
-    for t in range(1, num_steps + 1):
-        seq_len = t + 2
+    for queries, keys in step_keys(model, input_size, num_steps):
         for block in model.blocks:
-            macs += seq_len * (block_macs_per_token(block) + mixing_macs_per_token(block, seq_len))
+            macs += queries * (block_macs_per_token(block) + mixing_macs_per_token(block, keys))
     if model.num_classes > 0:
         macs += num_steps * model.embed_dim * model.num_classes  # one readout per step
         if model.soft_y:
@@ -134,10 +182,14 @@ def _step_sparsity(model: RecursiveClassifier, seq_len: int) -> float:
 def efficiency_report(model: RecursiveClassifier, baseline: Optional[Dict] = None) -> Dict:
     """The efficiency table row of a model; ``baseline`` (another report) adds ratios against it."""
     block = model.blocks[0]
-    seq_lens = [t + 2 for t in range(1, model.num_steps + 1)]
-    sparsity = [_step_sparsity(model, n) for n in seq_lens]
+    if isinstance(model, SpatialRecursiveClassifier):
+        input_size = tuple(model.img_size)
+    else:
+        input_size = model.pretrained_cfg['input_size'][-2:] if getattr(model, 'pretrained_cfg', None) else (32, 32)
+    lengths = step_keys(model, tuple(input_size))
+    seq_lens = [queries for queries, _ in lengths]
+    sparsity = [_step_sparsity(model, keys) for _, keys in lengths]
     crossover: Optional[int] = next((t for t, s in enumerate(sparsity, start=1) if s > 0), None)
-    input_size = model.pretrained_cfg['input_size'][-2:] if getattr(model, 'pretrained_cfg', None) else (32, 32)
     report = {
         'attn': 'dsa' if isinstance(block.attn, DynamicSparseAttention) else 'dense',
         'ffn': 'moe' if block.moe is not None else 'mlp',
@@ -150,6 +202,8 @@ def efficiency_report(model: RecursiveClassifier, baseline: Optional[Dict] = Non
         'block_macs_per_token': block_macs_per_token(block),
         'block_macs_per_token_d2': block_macs_per_token(block) / model.embed_dim ** 2,
         'seq_len_per_step': seq_lens,
+        'memory_tokens': memory_tokens(model, tuple(input_size)),
+        'keys_per_step': [keys for _, keys in lengths],
         'sparsity_per_step': sparsity,
         'mean_sparsity': sum(sparsity) / len(sparsity),
         'crossover_step': crossover,
@@ -184,7 +238,9 @@ def format_table(reports: Dict[str, Dict]) -> str:
     for name, r in reports.items():
         if r['attn'] == 'dsa':
             steps = ' '.join(f'{s:.2f}' for s in r['sparsity_per_step'])
-            lines.append(f'{name} sparsity per step (L_t = t + 2, k = {r["topk"]}): {steps}')
+            keys = (f'{r["memory_tokens"]} image + {r["seq_len_per_step"][0] - 1} + t step tokens' if r['memory_tokens']
+                    else 'L_t = t + 2')
+            lines.append(f'{name} sparsity per step ({keys}, k = {r["topk"]}): {steps}')
     return '\n'.join(lines)
 
 

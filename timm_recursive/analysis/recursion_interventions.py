@@ -38,6 +38,7 @@ from timm_recursive.models.recursive_classifier import (
     RecursiveClassifier,
     step_of_length,
 )
+from timm_recursive.models.recursive_classifier_spatial import SpatialRecursiveClassifier
 
 __all__ = ['INTERVENTIONS', 'edited_step_logits', 'recursion_interventions']
 
@@ -69,10 +70,17 @@ def _replacement(model, name: str, tokens: torch.Tensor, labels: torch.Tensor,
 
 
 @torch.no_grad()
+def _check_pooled(model: nn.Module) -> None:
+    if isinstance(model, SpatialRecursiveClassifier):
+        raise TypeError('interventions edit the pooled token layout [summary; hypothesis; history]; '
+                        f'{type(model).__name__} has no summary slot and reads image tokens (not supported yet)')
+
+
 def edited_step_logits(model, images: torch.Tensor,
                        edit: Optional[Callable[[int, torch.Tensor], torch.Tensor]]) -> torch.Tensor:
     """``forward_steps``' logits (T, B, C) with ``edit(step, tokens)`` applied to the input tokens
     (B, ``sequence_length(step)``, d) of every step (counted from 1)."""
+    _check_pooled(model)
 
     def pre_hook(module, args):
         return (edit(step_of_length(args[0].shape[1]), args[0]),) + tuple(args[1:])
@@ -89,6 +97,7 @@ def recursion_interventions(model: nn.Module, batches, seed: int = 0) -> Dict[st
     """Per-step top-1 of the unmodified model and the effect of every intervention (percent); see the module docstring."""
     if not isinstance(model, RecursiveClassifier):
         raise TypeError(f'interventions need a recursive classifier, got {type(model).__name__}')
+    _check_pooled(model)
     if model.num_steps < 2 or model.num_classes < 2:
         raise ValueError(f'interventions need at least 2 steps and 2 classes (num_steps={model.num_steps}, '
                          f'num_classes={model.num_classes})')

@@ -48,6 +48,7 @@ from timm_recursive.models.recursive_classifier import (
     step_of_length,
     token_roles,
 )
+from timm_recursive.models.recursive_classifier_spatial import SpatialRecursiveClassifier
 
 __all__ = ['RecursionTrace', 'RecursionTracer', 'paired_gain']
 
@@ -133,6 +134,9 @@ class RecursionTracer:
     def __init__(self, model: nn.Module, name: str = ''):
         if not isinstance(model, RecursiveClassifier):
             raise TypeError(f'recursion traces need a RecursiveClassifier, got {type(model).__name__}')
+        if isinstance(model, SpatialRecursiveClassifier):
+            raise TypeError('recursion traces read the pooled token layout [summary; hypothesis; history]; '
+                            f'{type(model).__name__} attends to image tokens too (not supported yet)')
         if model.num_classes == 0:
             raise ValueError('recursion traces need a classifier (num_classes > 0): the steps feed back predictions')
         self.model = model

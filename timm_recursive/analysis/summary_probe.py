@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from timm_recursive.models.recursive_classifier import RecursiveClassifier
+from timm_recursive.models.recursive_classifier_spatial import SpatialRecursiveClassifier
 
 __all__ = ['summary_probe', 'summaries_and_steps']
 
@@ -35,6 +36,9 @@ def summaries_and_steps(model: nn.Module, batches) -> Dict[str, np.ndarray]:
     """The summary token ``x_feat`` (N, d), the labels (N,) and every step's prediction (T, N) of ``model``."""
     if not isinstance(model, RecursiveClassifier):
         raise TypeError(f'summary probes need a recursive classifier, got {type(model).__name__}')
+    if isinstance(model, SpatialRecursiveClassifier):
+        raise TypeError('summary probes need a pooled recursive classifier (one summary token x_feat), got '
+                        f'{type(model).__name__}, whose steps read image tokens')
     model.eval()
     summaries, labels, predictions = [], [], []
     # the summary as forward_steps computes it (its normalisation's output), without encoding twice

@@ -15,6 +15,7 @@ The source documents (in Portuguese) the cards name by title:
 """
 import json
 import os
+import textwrap
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Tuple
 
@@ -24,6 +25,7 @@ from timm_recursive.layers import DynamicSparseAttention, TokenFusionBlock
 from timm_recursive.models import (
     EntmaxVisionTransformer,
     RecursiveClassifier,
+    SpatialRecursiveClassifier,
     TokenFusionVisionTransformer,
     TokenSpecializedVisionTransformer,
 )
@@ -65,6 +67,29 @@ RECURSIVE_VARIANTS = {
 }
 
 
+POOLED_STEP = ("runs the same transformer over `[x_feat; y_{t-1}; z_0..z_{t-1}]` (summary token of the\n"
+               "  image, embedding of the previous step's predicted class, latent history), length `t + 2`; it emits\n"
+               "  class logits from the hypothesis slot and appends a new latent to the history.")
+
+
+def _spatial_step(model: SpatialRecursiveClassifier) -> str:
+    grid = 'x'.join(str(s) for s in model.memory_grid)
+    summary = 'the pooled summary token, ' if model.keep_summary else ''
+    step = ' plus a learned step embedding' if model.step_embed is not None else ''
+    read = ('each query attends to its top-k of those keys (k image regions or step tokens: a glimpse)'
+            if _recursive_kind(model)[0] == 'dsa' else 'every query attends to every key')
+    mask = ('; an image token that an earlier step\'s hypothesis query selected cannot be selected again'
+            if model.mask_seen else '')
+    text = (f"runs the same transformer over its step tokens `[{summary}y_{{t-1}}; z_0..z_{{t-1}}]` (the previous "
+            f"step's predicted class{step}, latent history), whose attention keys and values are the {grid} image "
+            f"tokens (the encoder's map at stride {model.memory_stride}, with a learned 2-D position embedding; their "
+            f"keys and values computed once per image) followed by the step tokens: {read}{mask}. It emits class "
+            f"logits from the hypothesis slot and appends a new latent to the history. The image tokens are this "
+            f"project's spatial variant (issue 35), not the source's design.")
+    # wrapped as the template's other bullets, after its '- **Step t** '
+    return textwrap.fill(text, width=100, initial_indent=' ' * 13, subsequent_indent='  ')[13:]
+
+
 def _recursive_kind(model: RecursiveClassifier) -> Tuple[str, str]:
     block = model.blocks[0]
     return ('dsa' if isinstance(block.attn, DynamicSparseAttention) else 'dense',
@@ -85,6 +110,8 @@ def _recursive_context(model: RecursiveClassifier, run: Dict, record: Dict) -> D
     # the efficiency table: this model after the SA-MLP of the same size (its arguments with dense attention and MLP)
     kwargs = run['summary'].get('model_kwargs') or {}
     size_args = [f'{k}={v}' for k, v in sorted(kwargs.items()) if k in ('num_steps', 'topk')]
+    if isinstance(model, SpatialRecursiveClassifier) and model.img_size[0] == model.img_size[1]:
+        size_args.append(f'img_size={model.img_size[0]}')  # the image tokens the efficiency table counts
     specs = [f'{arch}:' + ','.join(['attn=dense', 'ffn=mlp', *size_args])]
     if kind != ('dense', 'mlp'):
         specs.append(f'{arch}:' + ','.join(size_args) if size_args else arch)
@@ -92,9 +119,11 @@ def _recursive_context(model: RecursiveClassifier, run: Dict, record: Dict) -> D
     objective = 'deep supervision over all steps (`{}` step weights)'.format(args.get('step_weighting', 'uniform'))
     if model.num_moe_blocks:
         objective += f' plus {args.get("aux_loss_coef")} x the MoE load-balancing loss'
+    spatial = isinstance(model, SpatialRecursiveClassifier)
     return {
-        'variant': variant,
-        'variant_description': description,
+        'variant': f'spatial {variant}' if spatial else variant,
+        'variant_description': description + (', attention over image tokens' if spatial else ''),
+        'step_description': _spatial_step(model) if spatial else POOLED_STEP,
         'num_steps': str(model.num_steps),
         'grad_window': str(model.grad_window),
         'embed_dim': str(model.embed_dim),
@@ -143,7 +172,8 @@ def _halting_section(run: Dict, record: Dict) -> str:
 
 
 def _recursive_tags(model: RecursiveClassifier) -> List[str]:
-    return ['recursive-classifier', RECURSIVE_VARIANTS[_recursive_kind(model)][0].lower()]
+    tags = ['recursive-classifier', RECURSIVE_VARIANTS[_recursive_kind(model)][0].lower()]
+    return tags + ['spatial'] if isinstance(model, SpatialRecursiveClassifier) else tags
 
 
 def _vit_context(model) -> Dict[str, str]:
@@ -227,6 +257,8 @@ def _token_fusion_context(model: TokenFusionVisionTransformer, run: Dict, record
 FAMILIES: Dict[type, CardFamily] = {
     RecursiveClassifier: CardFamily('recursive_classifier.md', _recursive_context, _recursive_tags,
                                     recipe_keys=('step_weighting', 'aux_loss_coef')),
+    SpatialRecursiveClassifier: CardFamily('recursive_classifier.md', _recursive_context, _recursive_tags,
+                                           recipe_keys=('step_weighting', 'aux_loss_coef')),
     EntmaxVisionTransformer: CardFamily('vision_transformer.md', _entmax_context,
                                         lambda model: ['vision-transformer', 'entmax', 'sparse-attention']),
     TokenSpecializedVisionTransformer: CardFamily('vision_transformer.md', _specialized_context,

@@ -1,5 +1,5 @@
-"""Reusable layers: Dynamic Sparse Attention, Mixture of Experts, entmax attention, token fusion,
-[CLS]/patch token specialization.
+"""Reusable layers: Dynamic Sparse Attention (over its own tokens, or over a fixed memory too), Mixture of Experts,
+entmax attention, token fusion, [CLS]/patch token specialization.
 
 One building block per file, no model code. Conventions shared by the layers:
 
@@ -19,6 +19,7 @@ One building block per file, no model code. Conventions shared by the layers:
 """
 from .mixture_of_experts import MixtureOfExperts, expert_counts, load_balancing_loss, router_z_loss
 from .sparse_attention import DynamicSparseAttention, attention_map, sparse_attention_sparsity
+from .memory_attention import MemoryAttention, MemorySparseAttention
 from .adaptive_halting import (
     HaltingHead, act_loss, act_weights, geometric_prior, halting_distribution, ponder_net_loss)
 from .entmax_ops import entmax, entmax15, entmax_bisect

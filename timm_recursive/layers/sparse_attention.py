@@ -27,7 +27,7 @@ attended keys, and the input of ``key_select``, called just before in the same f
 positions (B, L, n) of those keys (every key in order while L <= k); ``attention_map`` scatters the
 two into a full (B, L, heads, L) map.
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -41,17 +41,19 @@ def sparse_attention_sparsity(seq_len: int, topk: int) -> float:
     return 1.0 - min(topk, seq_len) / seq_len
 
 
-def attention_map(probs: torch.Tensor, key_indices: torch.Tensor) -> torch.Tensor:
-    """The full attention map (B, L, heads, L), zero at unselected keys, of one DSA forward.
+def attention_map(probs: torch.Tensor, key_indices: torch.Tensor, num_keys: Optional[int] = None) -> torch.Tensor:
+    """The full attention map (B, L, heads, num_keys), zero at unselected keys, of one DSA forward.
 
     ``probs`` (B, L, heads, n): the input of the layer's ``attn_drop``; ``key_indices`` (B, L, n):
-    the input of its ``key_select`` in the same forward.
+    the input of its ``key_select`` in the same forward; ``num_keys``: the keys there were (default L,
+    self-attention; ``N + L`` for ``MemorySparseAttention`` over N memory tokens).
     """
     B, L, H, n = probs.shape
     if key_indices.shape != (B, L, n):
         raise ValueError(f'key indices of shape {list(key_indices.shape)} do not match probabilities of shape '
                          f'{list(probs.shape)}: expected {[B, L, n]}')
-    return probs.new_zeros(B, L, H, L).scatter_(-1, key_indices.unsqueeze(2).expand(-1, -1, H, -1), probs)
+    num_keys = L if num_keys is None else num_keys
+    return probs.new_zeros(B, L, H, num_keys).scatter_(-1, key_indices.unsqueeze(2).expand(-1, -1, H, -1), probs)
 
 
 def _softmax_short_rows(x: torch.Tensor) -> torch.Tensor:

@@ -144,13 +144,9 @@ class RecursiveBlock(nn.Module):
         _check_choice('attn', attn, ('dense', 'dsa'))
         _check_choice('ffn', ffn, ('mlp', 'moe'))
         self.norm1 = nn.LayerNorm(dim, **dd)
-        if attn == 'dsa':
-            self.attn = DynamicSparseAttention(
-                dim, num_heads=num_heads, topk=topk, index_dim=index_dim, qkv_bias=qkv_bias,
-                attn_drop=attn_drop, proj_drop=proj_drop, **dd)
-        else:
-            self.attn = Attention(
-                dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop, **dd)
+        self.attn = self._make_attention(
+            attn, dim, num_heads=num_heads, topk=topk, index_dim=index_dim, qkv_bias=qkv_bias,
+            attn_drop=attn_drop, proj_drop=proj_drop, **dd)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, **dd)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop, **dd) if ffn == 'mlp' else None
@@ -159,8 +155,26 @@ class RecursiveBlock(nn.Module):
             z_loss_weight=moe_z_loss_weight, **dd) if ffn == 'moe' else None
         self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
 
+    @staticmethod
+    def _make_attention(
+            attn: str, dim: int, num_heads: int, topk: int, index_dim: int, qkv_bias: bool, attn_drop: float,
+            proj_drop: float, device=None, dtype=None,
+    ) -> nn.Module:
+        """The block's attention layer ('dsa' or 'dense'); subclasses with another attention override it."""
+        if attn == 'dsa':
+            return DynamicSparseAttention(
+                dim, num_heads=num_heads, topk=topk, index_dim=index_dim, qkv_bias=qkv_bias,
+                attn_drop=attn_drop, proj_drop=proj_drop, device=device, dtype=dtype)
+        return Attention(
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop,
+            device=device, dtype=dtype)
+
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         x = x + self.drop_path1(self.attn(self.norm1(x)))
+        return self._ffn(x)
+
+    def _ffn(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The FFN half of the block (with its residual): tokens and the MoE auxiliary loss (0 for an MLP)."""
         h = self.norm2(x)
         if self.moe is not None:
             moe_out = self.moe(h)
@@ -299,7 +313,7 @@ class RecursiveClassifier(nn.Module):
         self.role_embed = nn.Parameter(torch.zeros(len(ROLES), embed_dim, **dd))
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth, device='cpu')]
         self.blocks = nn.ModuleList([
-            RecursiveBlock(
+            self._make_block(
                 embed_dim, num_heads, attn=attn, ffn=ffn, topk=topk, index_dim=index_dim, mlp_ratio=mlp_ratio,
                 num_experts=num_experts, experts_per_token=experts_per_token, moe_z_loss_weight=moe_z_loss_weight,
                 qkv_bias=qkv_bias, proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i], **dd)
@@ -314,6 +328,11 @@ class RecursiveClassifier(nn.Module):
         # created last, so that the other weights of a seeded model are the same with or without it
         self.halting_head = HaltingHead(embed_dim, **dd) if halting_head else None
         self.set_halting(halt_threshold, halt_criterion)
+
+    @staticmethod
+    def _make_block(dim: int, num_heads: int, **kwargs) -> RecursiveBlock:
+        """One transformer block of the recursion; subclasses with another block override it."""
+        return RecursiveBlock(dim, num_heads, **kwargs)
 
     def init_weights(self) -> None:
         # The initial hypothesis and latent, like the class embeddings and the later latents (layer
@@ -439,17 +458,26 @@ class RecursiveClassifier(nn.Module):
                 step_states.append(state)
             if t == self.num_steps - 1:
                 break
-            latents.append(latent)
-            # the latent that just left the window keeps its value, not its gradient (z_0 is a learned
-            # parameter, not a state of the recursion: it always keeps its gradient)
-            leaving = len(latents) - 1 - grad_window
-            if leaving >= 1:
-                latents[leaving] = latents[leaving].detach()
-            if self.num_classes > 0:
-                logits = self.head(self.head_drop(state))
-                step_logits.append(logits)
-                y = self._hypothesis_embed(logits, grad_window > 0)
+            y = self._carry(latents, latent, state, y, step_logits, grad_window)
         return tokens, step_logits, aux / max(1, self.num_moe_blocks * self.num_steps)
+
+    def _carry(
+            self, latents: List[torch.Tensor], latent: torch.Tensor, state: torch.Tensor, y: torch.Tensor,
+            step_logits: List[torch.Tensor], grad_window: int,
+    ) -> torch.Tensor:
+        """Between two steps: append the new latent (``latents`` and ``step_logits`` grow in place), detach
+        the one leaving the gradient window, read the step's logits; returns the next hypothesis token."""
+        latents.append(latent)
+        # the latent that just left the window keeps its value, not its gradient (z_0 is a learned
+        # parameter, not a state of the recursion: it always keeps its gradient)
+        leaving = len(latents) - 1 - grad_window
+        if leaving >= 1:
+            latents[leaving] = latents[leaving].detach()
+        if self.num_classes > 0:
+            logits = self.head(self.head_drop(state))
+            step_logits.append(logits)
+            y = self._hypothesis_embed(logits, grad_window > 0)
+        return y
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Final step's normalised tokens, NHWC (B, 1, num_steps + 2, embed_dim)."""
@@ -588,17 +616,18 @@ class RecursiveClassifier(nn.Module):
             smaller batch), and its steps (B,), int64.
         """
         max_steps = self.check_adaptive_arguments(criterion, threshold, max_steps)
-        summary = self._encode(x).unsqueeze(1) + self.role_embed[self.summary_role]
-        B = summary.shape[0]
+        context = self._adaptive_context(x)
+        B = x.shape[0]
         y = self.y_init.expand(B, -1)
         history = self.z_init.expand(B, -1, -1)
-        active = torch.arange(B, device=summary.device)  # each running image's index in the batch
-        steps = torch.full((B,), max_steps, dtype=torch.long, device=summary.device)
+        active = torch.arange(B, device=x.device)  # each running image's index in the batch
+        steps = torch.full((B,), max_steps, dtype=torch.long, device=x.device)
         out: Optional[torch.Tensor] = None
         previous: Optional[torch.Tensor] = None  # class probabilities of the previous step ('change')
-        running = summary.new_ones(B, dtype=torch.float32)  # prod_{j<=t} (1 - halting probability) ('halting')
+        # prod_{j<=t} (1 - halting probability) ('halting')
+        running = torch.ones(B, dtype=torch.float32, device=x.device)
         for t in range(1, max_steps + 1):
-            tokens, state, latent, _ = self._step(summary, y, history)
+            tokens, state, latent, context = self._adaptive_step(context, y, history, t)
             if t == self.num_steps:
                 logits = self.forward_head(tokens.unsqueeze(1))
             else:
@@ -628,14 +657,28 @@ class RecursiveClassifier(nn.Module):
                 steps[active[done]] = t
                 if len(keep) == 0:
                     break
-                active, summary, history, latent, logits = (
-                    active[keep], summary[keep], history[keep], latent[keep], logits[keep])
+                context = self._adaptive_keep(context, keep)
+                active, history, latent, logits = active[keep], history[keep], latent[keep], logits[keep]
                 y, running = y[keep], running[keep]
                 previous = None if previous is None else previous[keep]
             history = torch.cat([history, latent], dim=1)
             y = self._hypothesis_embed(logits, with_grad=False)
         assert out is not None
         return out, steps
+
+    # forward_adaptive's three points where the model's own step inputs enter (subclasses with other step
+    # inputs override them): what every step reads besides the hypothesis and the history (here the summary
+    # token), one step t (counting from 1) returning that context for the next step, and the context of
+    # the images still running (``keep``: their indices in the current batch)
+    def _adaptive_context(self, x: torch.Tensor):
+        return self._encode(x).unsqueeze(1) + self.role_embed[self.summary_role]
+
+    def _adaptive_step(self, context, y: torch.Tensor, history: torch.Tensor, t: int):
+        tokens, state, latent, _ = self._step(context, y, history)
+        return tokens, state, latent, context
+
+    def _adaptive_keep(self, context, keep: torch.Tensor):
+        return context[keep]
 
     @torch.jit.unused
     def _forward_early_exit(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,195 @@
+"""Attention of a few query tokens over a fixed memory and themselves, dense or Dynamic Sparse.
+
+A short sequence of L query tokens attends to the keys ``[memory; queries]``: N memory tokens that the
+layer does not update (an image's feature map, read again at every recursion step) followed by the
+queries' own tokens. The memory's keys and values depend on the memory only, so ``memory_kv`` computes
+them once and every later call reuses them (``forward(x, memory_kv(m))``); a call then costs the
+queries' projections and the attention of L queries, whatever the number of calls. This is the
+cross-attention of a latent array to an input array of Perceiver (Jaegle et al., 2021, "Perceiver:
+General Perception with Iterative Attention"), with the latents' self-attention folded into the same
+softmax (one set of keys ``[memory; latents]``, as a decoder attends to a key/value cache).
+
+Two layers, one per attention:
+
+* ``MemoryAttention``: dense multi-head attention (every query, every key), timm's ``Attention``
+  with the memory's keys and values put in front of the queries' own; a fused kernel
+  (``F.scaled_dot_product_attention``) unless timm's ``fused_attn`` is off.
+* ``MemorySparseAttention``: Dynamic Sparse Attention (``DynamicSparseAttention``, same weights and
+  hook points) over ``[memory; queries]``: the indexer scores every key for every query from the
+  per-head mean query, and each query attends to its ``topk`` best-scored keys, memory and own tokens
+  alike. While ``N + L <= topk`` every key is attended (dense multi-query attention). Past the budget
+  the layer gathers each query's k keys and values and attends to them only (gather, then attend):
+  the query-key and probability-value products executed number ``L * k`` per head, not ``L * (N + L)``,
+  which is what makes a small k cheap over a large memory. The indexer's own scores cover every key
+  (``L * (N + L)`` products of width ``index_dim``). The straight-through gate of
+  ``DynamicSparseAttention`` (exactly 1 forward, the sigmoid's gradient backward) trains the indexer.
+  ``memory_mask`` (B, N), True where a memory key may not be selected, takes those keys out of the
+  top-k (a recursion can mask what earlier steps already read); with fewer than k selectable keys
+  the budget is filled with masked ones (their scores are -inf, so which is unspecified).
+
+Hook points (the convention of ``timm_recursive.layers``): ``MemorySparseAttention``'s ``key_select``
+input is the attended key positions (B, L, n), n = min(k, N + L), positions ``< N`` being memory
+tokens (in the memory's order) and ``N + i`` the i-th query token; its ``attn_drop`` input is the
+probabilities (B, L, heads, n) over them. ``attention_map(probs, keys, num_keys=N + L)`` scatters the
+two into the full (B, L, heads, N + L) map. ``MemoryAttention``'s ``attn_drop`` input is timm's
+layout (B, heads, L, N + L), computed only with ``fused_attn = False``.
+
+``forward`` returns ``(output, key positions)``: the positions are those given to ``key_select``
+(every key, in order, for ``MemoryAttention``), for a caller that tracks what its queries read.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from timm.layers import register_notrace_module, use_fused_attn
+
+from .sparse_attention import DynamicSparseAttention, _softmax_short_rows
+
+__all__ = ['MemoryAttention', 'MemorySparseAttention']
+
+
+def _all_keys(x: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """Every key position for every query: (B, L, num_keys)."""
+    B, L = x.shape[0], x.shape[1]
+    return torch.arange(num_keys, device=x.device).expand(B, L, num_keys)
+
+
+@register_notrace_module  # shape-dependent reshapes: keep it a leaf in FX graphs
+class MemoryAttention(nn.Module):
+    """Dense multi-head attention of the queries over ``[memory; queries]``; see the module docstring.
+
+    Args:
+        dim: token width (queries and memory).
+        num_heads: attention heads.
+        qkv_bias: bias on the query, key and value projections.
+        attn_drop: dropout on attention probabilities.
+        proj_drop: dropout after the output projection.
+    """
+    fused_attn: torch.jit.Final[bool]
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            qkv_bias: bool = True,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        if dim % num_heads != 0:
+            raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.fused_attn = use_fused_attn()
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)  # timm's Attention layout: q, k, v
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def memory_kv(self, memory: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The memory's keys and values (B, heads, N, head_dim) each: the qkv projection's k and v rows."""
+        B, N, C = memory.shape
+        bias = self.qkv.bias[C:] if self.qkv.bias is not None else None
+        kv = F.linear(memory, self.qkv.weight[C:], bias).reshape(B, N, 2, self.num_heads, self.head_dim)
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
+        return k, v
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            memory: Tuple[torch.Tensor, torch.Tensor],
+            memory_mask: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``x`` (B, L, C) queries, ``memory`` from ``memory_kv``; ``memory_mask`` is unused (every key is attended)."""
+        B, L, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, L, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        k = torch.cat([memory[0], k], dim=2)
+        v = torch.cat([memory[1], v], dim=2)
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            attn = self.attn_drop(attn.softmax(dim=-1))
+            x = attn @ v
+        x = self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, L, C)))
+        return x, _all_keys(x, k.shape[2])
+
+
+@register_notrace_module  # sequence-length dependent control flow: keep it a leaf in FX graphs
+class MemorySparseAttention(DynamicSparseAttention):
+    """Dynamic Sparse Attention of the queries over ``[memory; queries]``, gathering the k selected keys.
+
+    The arguments, weights and hook points are ``DynamicSparseAttention``'s; see the module docstring.
+    """
+
+    def memory_kv(self, memory: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The memory's shared key/value head side by side (B, N, 2 * head_dim), its indexer keys (B, N, index_dim)."""
+        C = self.num_heads * self.head_dim
+        bias = self.qkv.bias[C:] if self.qkv.bias is not None else None
+        kv = F.linear(memory, self.qkv.weight[C:], bias)
+        return kv, self.index_k(kv[..., :self.head_dim])
+
+    def _scores(
+            self, x: torch.Tensor, memory: Tuple[torch.Tensor, torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (B, L, H, D), keys and values of ``[memory; x]`` (B, N + L, 2D), indexer scores (B, L, N + L)."""
+        q, kv = self.qkv(x).split([self.num_heads * self.head_dim, 2 * self.head_dim], dim=-1)
+        q = q.unflatten(-1, (self.num_heads, self.head_dim))
+        index_k = torch.cat([memory[1], self.index_k(kv[..., :self.head_dim])], dim=1)
+        scores = self.index_q(q.mean(dim=2)) @ index_k.transpose(-2, -1) * self.index_scale
+        return q, torch.cat([memory[0], kv], dim=1), scores
+
+    @staticmethod
+    def _selectable(scores: torch.Tensor, memory_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """The scores the top-k reads: masked memory keys at -inf, the queries' own keys never masked."""
+        if memory_mask is None:
+            return scores
+        B, L, M = scores.shape
+        own = torch.zeros(B, M - memory_mask.shape[1], dtype=torch.bool, device=scores.device)
+        return scores.masked_fill(torch.cat([memory_mask, own], dim=1).unsqueeze(1), float('-inf'))
+
+    def select(
+            self,
+            x: torch.Tensor,
+            memory: Tuple[torch.Tensor, torch.Tensor],
+            memory_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Key positions (B, L, min(k, N + L)) each query attends to, as chosen by the indexer."""
+        scores = self._selectable(self._scores(x, memory)[2], memory_mask)
+        return scores.topk(min(self.topk, scores.shape[-1]), dim=-1).indices
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            memory: Tuple[torch.Tensor, torch.Tensor],
+            memory_mask: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``x`` (B, L, C) queries, ``memory`` from ``memory_kv``, ``memory_mask`` (B, N) True where unselectable."""
+        B, L, C = x.shape
+        q, kv, scores = self._scores(x, memory)
+        M = kv.shape[1]
+        prob = torch.sigmoid(scores)
+        gate = 1. + (prob - prob.detach())  # == 1 forward; carries the indexer's (bounded) gradient
+        if M <= self.topk:
+            # dense regime: every key is selected, one (L * H) x M product per image
+            idx = self.key_select(_all_keys(x, M))
+            k, v = kv.split(self.head_dim, dim=-1)
+            attn = (q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)) * self.scale
+            attn = _softmax_short_rows(attn).view(B, L, self.num_heads, M) * gate.unsqueeze(2)
+            attn = self.attn_drop(attn)
+            out = attn.view(B, L * self.num_heads, M) @ v  # B, L * H, D
+        else:
+            # gather each query's k keys and values, then attend to them only: L * k products per head
+            idx = self.key_select(self._selectable(scores, memory_mask).topk(self.topk, dim=-1).indices)  # B, L, k
+            picked = kv.gather(1, idx.reshape(B, L * self.topk, 1).expand(-1, -1, 2 * self.head_dim))
+            k, v = picked.view(B, L, self.topk, 2 * self.head_dim).split(self.head_dim, dim=-1)  # B, L, k, D
+            attn = (q @ k.transpose(-2, -1)) * self.scale  # B, L, H, k
+            attn = _softmax_short_rows(attn) * gate.gather(-1, idx).unsqueeze(2)
+            attn = self.attn_drop(attn)
+            out = attn @ v  # B, L, H, D
+        return self.proj_drop(self.proj(out.reshape(B, L, C))), idx
