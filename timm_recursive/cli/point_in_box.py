@@ -1,31 +1,8 @@
 """Point-in-Box (PiB): how much of each patch token's attention stays inside the box of its object, per block.
 
-"Vision Transformers Need Better Token Interaction" (seed 003) reads a Point-in-Box analysis to show that
-shallow layers keep spatial alignment (higher PiB) while deep ones carry the semantics. Its summary gives
-no formula; this module measures what the name says. For each block, with ``A`` the attention
-probabilities averaged over heads,
+    timm-recursive point-in-box --compare softmax=CKPT entmax=CKPT reg4=CKPT --dataset CANVASES --out figures/pib
 
-    PiB = mean over the patch tokens q whose centre lies in an object box b(q) of
-          sum_{k patch in b(q)} A[q, k] / sum_{k patch} A[q, k]
-
-Only patch tokens count, as queries and as keys: the mass on [CLS] and register tokens (no position in
-the image) is left out and each query's patch row renormalised to 1; ``patch_mass`` reports the share
-of the attention the patches got before that. A patch is in a box when its centre is. Attention spread
-uniformly over the patches scores the chance level |b(q)| / number of patches (box area / grid area),
-averaged over the same queries; a query with no mass on any patch (entmax can do that) is left out of
-both and counted (``queries_without_patch_attention``).
-
-The boxes come from the canvases of ``timm-recursive-probe compose`` (``timm_recursive.analysis.probing.compose_canvases``:
-``grid`` x ``grid`` tiles of one image each): the bounding box of a tile's foreground pixels
-(``--box foreground``, the default) or the whole tile (``--box tile``).
-
-    timm-recursive point-in-box --compare softmax=CKPT entmax=CKPT reg4=CKPT \
-        --dataset data/fm_canvases --out figures/pib
-
-``--dataset`` is a folder of compose canvases (columns ``image`` and ``mask``; pass the ``--grid`` they were
-composed with) or a classification dataset, whose eval images are composed into canvases here
-(``--grid``, ``--threshold``, ``--seed``). It writes ``point_in_box.json`` (per backbone and block: ``pib``,
-``chance``, ``patch_mass``) and ``point_in_box.png`` (one line per backbone, its chance level dashed).
+What it measures and how, and what ``--dataset`` may be: ``timm_recursive.analysis.point_in_box``.
 """
 import argparse
 import os
