@@ -726,12 +726,13 @@ def _cfg(tag_id: str = '', **kwargs):
     }
 
 
-def _dataset_cfgs(arch: str):
+def _dataset_cfgs(arch: str, cfg=_cfg):
+    """The pretrained configs of ``arch``'s dataset tags, each made by ``cfg`` (the spatial family passes its own)."""
     return {
-        f'{arch}.cifar10': _cfg(f'{arch}.cifar10', mean=CIFAR10_MEAN, std=CIFAR10_STD),
-        f'{arch}.cifar100': _cfg(f'{arch}.cifar100', num_classes=100, mean=CIFAR100_MEAN, std=CIFAR100_STD),
-        f'{arch}.mnist': _cfg(f'{arch}.mnist', input_size=(1, 28, 28), mean=MNIST_MEAN, std=MNIST_STD),
-        f'{arch}.fashion_mnist': _cfg(
+        f'{arch}.cifar10': cfg(f'{arch}.cifar10', mean=CIFAR10_MEAN, std=CIFAR10_STD),
+        f'{arch}.cifar100': cfg(f'{arch}.cifar100', num_classes=100, mean=CIFAR100_MEAN, std=CIFAR100_STD),
+        f'{arch}.mnist': cfg(f'{arch}.mnist', input_size=(1, 28, 28), mean=MNIST_MEAN, std=MNIST_STD),
+        f'{arch}.fashion_mnist': cfg(
             f'{arch}.fashion_mnist', input_size=(1, 28, 28), mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD),
     }
 

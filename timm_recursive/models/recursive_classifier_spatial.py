@@ -66,8 +66,7 @@ from timm_recursive.layers.adaptive_halting import HaltingHead
 
 from ._pretrained import HUB_ORG, pretrained_errors
 from .recursive_classifier import (
-    CIFAR100_MEAN, CIFAR100_STD, CIFAR10_MEAN, CIFAR10_STD, FASHION_MNIST_MEAN, FASHION_MNIST_STD, MNIST_MEAN,
-    MNIST_STD, RecursiveBlock, RecursiveClassifier, _check_choice, check_image_input)
+    _CIFAR_ARGS, _TINY_ARGS, RecursiveBlock, RecursiveClassifier, _dataset_cfgs, check_image_input)
 
 torch.fx.wrap('check_image_input')  # a leaf in FX graphs here too (torch.fx.wrap patches the caller's module)
 
@@ -458,28 +457,14 @@ def _cfg(tag_id: str = '', **kwargs):
     }
 
 
-def _dataset_cfgs(arch: str):
-    return {
-        f'{arch}.cifar10': _cfg(f'{arch}.cifar10', mean=CIFAR10_MEAN, std=CIFAR10_STD),
-        f'{arch}.cifar100': _cfg(f'{arch}.cifar100', num_classes=100, mean=CIFAR100_MEAN, std=CIFAR100_STD),
-        f'{arch}.mnist': _cfg(f'{arch}.mnist', input_size=(1, 28, 28), mean=MNIST_MEAN, std=MNIST_STD),
-        f'{arch}.fashion_mnist': _cfg(
-            f'{arch}.fashion_mnist', input_size=(1, 28, 28), mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD),
-    }
-
-
 default_cfgs = generate_default_cfgs({
-    **_dataset_cfgs('recursive_sa_mlp_spatial_cifar'),
-    **_dataset_cfgs('recursive_sa_moe_spatial_cifar'),
-    **_dataset_cfgs('recursive_dsa_moe_spatial_cifar'),
-    **_dataset_cfgs('recursive_sa_mlp_spatial_tiny'),
-    **_dataset_cfgs('recursive_sa_moe_spatial_tiny'),
-    **_dataset_cfgs('recursive_dsa_moe_spatial_tiny'),
+    **_dataset_cfgs('recursive_sa_mlp_spatial_cifar', _cfg),
+    **_dataset_cfgs('recursive_sa_moe_spatial_cifar', _cfg),
+    **_dataset_cfgs('recursive_dsa_moe_spatial_cifar', _cfg),
+    **_dataset_cfgs('recursive_sa_mlp_spatial_tiny', _cfg),
+    **_dataset_cfgs('recursive_sa_moe_spatial_tiny', _cfg),
+    **_dataset_cfgs('recursive_dsa_moe_spatial_tiny', _cfg),
 })
-
-# the sizes of the pooled recursive_*_cifar and recursive_*_tiny models
-_CIFAR_ARGS = dict(embed_dim=512, depth=4, num_heads=8, encoder_chans=(64, 128, 256), num_steps=16, topk=6)
-_TINY_ARGS = dict(embed_dim=128, depth=2, num_heads=4, encoder_chans=(32, 64, 128), num_steps=16, topk=6)
 
 
 @register_model
