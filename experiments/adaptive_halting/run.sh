@@ -47,7 +47,7 @@ for beta in $ponder_betas; do
 done
 for pid in $(jobs -p); do wait "$pid" || failed=1; done
 [ "$failed" = 0 ] || { echo "error: a training run failed (its log is beside its folder under $out)" >&2; exit 1; }
-# the last epoch's weights: a run's model/ export is its best epoch on the test images
+# the last epoch's weights: the measurement then depends on no choice made on any images
 last_state() { ls -d "$out/$1"/dsa_moe/seed0/checkpoints/epoch* | tail -n 1; }
 
 measure() {  # RUN CRITERION RESULT THRESHOLD...

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""The spatial recursion study (issue 35): do the steps refine once they read the image through DSA?
+
+    experiments/spatial_recursion/run.py [--out runs/spatial_recursion] [--jobs 2] [--only CELL ...] [--commit]
+
+Trains every cell of ``CELLS`` (a design: model, model arguments, recipe) for each of its seeds with
+``timm-recursive train`` into ``OUT/<cell>/seed<S>`` (one thread per run, ``--jobs`` at once), most
+informative first: the design search's seed 0, then its seeds 1 and 2, then the full-data cells. A stopped
+run resumes from its last saved state (mid-epoch included); a finished run is skipped. As each run
+finishes, its records (``summary.json``, ``metrics.jsonl``, ``args.json``) are copied into
+``results/<cell>/seed<S>/`` and, with ``--commit``, committed at once (only those files), so that a
+session that ends mid-study keeps every finished run. The tables are generated from ``results/`` by
+``tables.py`` (``python experiments/render.py``).
+
+Recipes (the recursion study's, ``experiments/recursion_refinement/ablations.sh``, with held-out selection):
+``ablation``: the first 6,000 of the 54,000 training images left after 10% (6,000, stratified, seed 0) are
+held out to choose the exported epoch, 4 epochs, the first 5,000 test images; ``full``: all 54,000, 10 epochs,
+every test image (``experiments/fashion_mnist_baselines``' recipe, whose pooled runs are the comparison).
+"""
+import argparse
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, NamedTuple, Tuple
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+STUDY = pathlib.Path(__file__).resolve().parent
+RESULTS = STUDY / 'results'
+RECORDS = ('summary.json', 'metrics.jsonl', 'args.json')
+
+COMMON = ['--dataset', 'fashion_mnist', '--batch-size', '128', '--lr', '1e-3', '--weight-decay', '0.05',
+          '--warmup-epochs', '1', '--clip-grad', '1.0', '--label-smoothing', '0.1', '--scale', '0.75', '1',
+          '--hflip', '0.5', '--resume', '--no-progress']
+RECIPES: Dict[str, List[str]] = {
+    'ablation': ['--max-train-samples', '6000', '--max-eval-samples', '5000', '--epochs', '4'],
+    'full': ['--epochs', '10'],
+}
+
+
+class Cell(NamedTuple):
+    name: str
+    model: str  # a timm model name (with its FashionMNIST config tag)
+    kwargs: Tuple[str, ...]  # --model-kwargs
+    recipe: str
+    seeds: Tuple[int, ...] = (0, 1, 2)
+    train_args: Tuple[str, ...] = ()
+
+
+SPATIAL = 'recursive_dsa_moe_spatial_tiny.fashion_mnist'
+# the design search on the ablation recipe; the first is the default design (k=6, 16 steps)
+DESIGN_SEARCH = (
+    Cell('dsa_k6_steps16', SPATIAL, ('num_steps=16',), 'ablation'),
+    Cell('dsa_k6_steps16_mask_seen', SPATIAL, ('num_steps=16', 'mask_seen=True'), 'ablation'),
+    Cell('dsa_k2_steps16', SPATIAL, ('num_steps=16', 'topk=2'), 'ablation'),
+    Cell('dense_steps16', 'recursive_sa_moe_spatial_tiny.fashion_mnist', ('num_steps=16',), 'ablation'),
+    # the pooled model itself, the comparison
+    Cell('pooled_dsa_k6_steps16', 'recursive_dsa_moe_tiny.fashion_mnist', ('num_steps=16',), 'ablation'),
+    Cell('dsa_k16_steps16', SPATIAL, ('num_steps=16', 'topk=16'), 'ablation'),
+    Cell('dsa_k2_steps16_mask_seen', SPATIAL, ('num_steps=16', 'topk=2', 'mask_seen=True'), 'ablation'),
+    # a control: the pooled summary given back to every step (step 1 sees the whole image)
+    Cell('dsa_k6_steps16_summary', SPATIAL, ('num_steps=16', 'keep_summary=True'), 'ablation'),
+    Cell('dsa_k6_steps8', SPATIAL, ('num_steps=8',), 'ablation'),
+    Cell('dsa_k6_steps4', SPATIAL, ('num_steps=4',), 'ablation'),
+    Cell('dense_mlp_steps16', 'recursive_sa_mlp_spatial_tiny.fashion_mnist', ('num_steps=16',), 'ablation'),
+)
+CELLS = {cell.name: cell for cell in DESIGN_SEARCH}
+
+
+def schedule(cells) -> List[Tuple[Cell, int]]:
+    """(cell, seed) in the order they are trained: every cell's first seed, then the second, and so on."""
+    most = max(len(cell.seeds) for cell in cells)
+    return [(cell, cell.seeds[i]) for i in range(most) for cell in cells if i < len(cell.seeds)]
+
+
+def train_command(cell: Cell, seed: int, output: pathlib.Path) -> List[str]:
+    return [str(ROOT / '.venv' / 'bin' / 'timm-recursive'), 'train', '--model', cell.model,
+            '--model-kwargs', *cell.kwargs, *COMMON, *RECIPES[cell.recipe], *cell.train_args,
+            '--seeds', str(seed), '--output', str(output)]
+
+
+def commit(paths: List[pathlib.Path], message: str) -> None:
+    """Commit only ``paths`` (other staged or changed files are left alone); retried while git is busy."""
+    subprocess.run(['git', 'add', '--', *map(str, paths)], cwd=ROOT, check=True)
+    for _ in range(10):
+        done = subprocess.run(['git', 'commit', '-q', '-m', message, '--only', '--', *map(str, paths)], cwd=ROOT,
+                              capture_output=True, text=True)
+        if done.returncode == 0 or 'nothing' in done.stdout + done.stderr:
+            return
+        if 'index.lock' not in done.stderr:
+            raise RuntimeError(f'git commit failed: {done.stderr.strip()}')
+        time.sleep(3)
+    raise RuntimeError('git commit: the index stayed locked')
+
+
+def run_one(cell: Cell, seed: int, out: pathlib.Path, commit_results: bool) -> str:
+    folder = out / cell.name / f'seed{seed}'
+    name = f'{cell.name}/seed{seed}'
+    if not (folder / 'summary.json').exists():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        print(f'training {name}', flush=True)
+        with open(folder.parent / f'seed{seed}.log', 'a') as log:
+            env = dict(os.environ, OMP_NUM_THREADS='1', HF_HUB_OFFLINE=os.environ.get('HF_HUB_OFFLINE', '1'),
+                       HF_DATASETS_OFFLINE=os.environ.get('HF_DATASETS_OFFLINE', '1'))
+            done = subprocess.run(train_command(cell, seed, folder), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                  cwd=ROOT)
+        if done.returncode != 0:
+            return f'FAILED: {name} (exit {done.returncode}, see {folder.parent / f"seed{seed}.log"})'
+    saved = RESULTS / cell.name / f'seed{seed}'
+    saved.mkdir(parents=True, exist_ok=True)
+    for record in RECORDS:
+        shutil.copyfile(folder / record, saved / record)
+    if commit_results:
+        commit([saved], f'spatial_recursion: {name} landed ({cell.recipe} recipe, run by experiments/'
+                        f'spatial_recursion/run.py)')
+    return f'done: {name} -> {saved.relative_to(ROOT)}'
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument('--out', type=pathlib.Path, default=ROOT / 'runs' / 'spatial_recursion')
+    parser.add_argument('--jobs', type=int, default=2, help='trainings at once (one thread each)')
+    parser.add_argument('--only', nargs='+', choices=sorted(CELLS), metavar='CELL', help='these cells only')
+    parser.add_argument('--seeds', type=int, nargs='+', help='these seeds only (of each cell\'s)')
+    parser.add_argument('--commit', action='store_true', help='commit each finished run\'s records as it lands')
+    args = parser.parse_args(argv)
+    cells = [CELLS[name] for name in args.only] if args.only else list(CELLS.values())
+    if args.seeds:
+        cells = [cell._replace(seeds=tuple(s for s in cell.seeds if s in args.seeds)) for cell in cells]
+        cells = [cell for cell in cells if cell.seeds]
+    failed = False
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for message in pool.map(lambda job: run_one(*job, args.out, args.commit), schedule(cells)):
+            print(message, flush=True)
+            failed |= message.startswith('FAILED')
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
