@@ -3,6 +3,8 @@ command gives the same metrics, and every summary names its commit, command, ver
 import json
 import os
 
+import pytest
+
 from helpers import TINY_RUN, load_script, measured_metrics
 
 train_script = load_script('train')
@@ -39,6 +41,17 @@ def test_selecting_on_the_test_split_says_so(tmp_path):
     assert summary['selection_split'] == 'test' and summary['selection_images'] == 0
 
 
+def test_the_choice_can_read_fewer_held_out_images(tmp_path, capsys):
+    run = str(tmp_path / 'run')
+    assert train_script.main(TINY_RUN + ['--epochs', '1', '--max-selection-samples', '30', '--output', run]) == 0
+    summary = json.load(open(os.path.join(run, 'summary.json')))
+    # the same held-out split (its first 30 images): the training images do not change
+    assert summary['selection_images'] == 30 and summary['train_images'] == 64
+    with pytest.raises(SystemExit):
+        train_script.main(TINY_RUN + ['--val-fraction', '0', '--max-selection-samples', '30', '--output', run])
+    assert '--val-fraction 0 holds out none' in capsys.readouterr().err
+
+
 def test_two_runs_of_one_command_log_identical_metrics(tmp_path):
     args = TINY_RUN + ['--epochs', '2', '--mixup', '0.2', '--drop-path', '0.1']
     first, second = str(tmp_path / 'first'), str(tmp_path / 'second')
@@ -56,3 +69,26 @@ def test_intervals_over_seeds_and_between_variants():
     difference, half = difference_interval([91.0, 91.4, 91.3], [90.0, 90.1, 90.2])
     assert math.isclose(difference, 3.4 / 3) and 0 < half < 1
     assert math.isnan(difference_interval([1.0], [2.0, 3.0])[1])
+
+
+def test_paired_and_unpaired_intervals_over_test_images():
+    import math
+    import random
+    from timm_recursive.analysis.intervals import (
+        pack_hits, paired_hits_interval, proportion_difference_interval, unpack_hits)
+    rng = random.Random(0)
+    a = [rng.random() < 0.8 for _ in range(2001)]
+    b = [hit if rng.random() < 0.9 else not hit for hit in a]  # b agrees with a on ~90% of the images
+    difference, half = paired_hits_interval(a, b)
+    assert math.isclose(difference, (sum(a) - sum(b)) / len(a))
+    # pairing: only the ~10% of images answered differently carry uncertainty, so the paired interval is
+    # narrower than the unpaired one on the same accuracies
+    unpaired = proportion_difference_interval(sum(a) / len(a), len(a), sum(b) / len(b), len(b))
+    assert math.isclose(unpaired[0], difference) and 0 < half < unpaired[1]
+    assert paired_hits_interval(a, a) == (0., 0.)
+    with pytest.raises(ValueError, match='same images'):
+        paired_hits_interval(a, b[:-1])
+    packed = pack_hits(a)
+    assert len(packed) == 501 and unpack_hits(packed, len(a)) == a
+    with pytest.raises(ValueError, match='cannot hold'):
+        unpack_hits(packed, 5000)

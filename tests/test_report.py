@@ -6,7 +6,8 @@ import torch
 
 import timm
 import timm_recursive  # noqa: F401
-from timm_recursive.analysis.recursion_trace import RecursionTrace, RecursionTracer, paired_gain
+from timm_recursive.analysis.intervals import paired_gain
+from timm_recursive.analysis.recursion_trace import RecursionTrace, RecursionTracer
 from timm_recursive.analysis.report import PLOTS
 from timm_recursive.cli.report import main
 

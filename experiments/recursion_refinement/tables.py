@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from tools.generated_markdown import markdown_table, pct
 from timm_recursive.analysis.recursion_interventions import comparison_table
-from timm_recursive.analysis.recursion_trace import paired_gain
+from timm_recursive.analysis.intervals import paired_gain
 from timm_recursive.layers.sparse_attention import sparse_attention_sparsity
 
 RECIPE_ROOT = 'ablations'  # the 6,000-image, 4-epoch recipe of ablations.sh

@@ -10,7 +10,9 @@ is trained from scratch on FashionMNIST (the Debian package's IDX files) with
 ``train_scripts/train.py``. Then, every step skipped when its result exists (rerun to continue):
 
 1. off the shelf: the dense weights with each mode x keep rate x importance score, top-1 on
-   test images 2000-4999 (the first 2000 chose the dense run's best epoch);
+   the first 3,000 held-out training images (the dense run's held-out 10%, which also chose its
+   exported epoch; never trained on), where the importance score is chosen, and on the first 3,000
+   test images, where every cell is reported (no choice reads a test image);
 2. ``num_fused_tokens`` of mode ``both`` at an equal token budget (off the shelf): at each keep
    rate's budget (``ceil(keep * 49) + 2`` tokens after the first reduction, the default's count)
    1, 2, 4 or 8 fused tokens take their share from the kept ones, so a choice is measured by
@@ -23,6 +25,9 @@ is trained from scratch on FashionMNIST (the Debian package's IDX files) with
    inference images/s at batch 64, all models interleaved, median over repeats.
 
 Sized for a shared 2-core CPU (an evaluation of 3,000 images takes half a minute there).
+
+Every accuracy is stored with its per-image hits (``timm_recursive.analysis.intervals.pack_hits``), so that
+the tables give each difference between two cells a paired 95% interval over the test images.
 
 Writes ``results.json`` to ``--out`` after every step (a stopped run loses at most the step it was in);
 the study's tables are made from the committed copy by ``tables.py`` (``python experiments/render.py``).
@@ -41,9 +46,11 @@ import torch
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.timing import inference_speed
 from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget
+from timm_recursive.analysis.intervals import pack_hits
 from timm_recursive.data import (
     collate_classification,
     create_dataset_transform,
+    hold_out,
     resolve_dataset,
 )
 from timm_recursive.layers import FUSION_MODES, IMPORTANCE_SCORES, num_kept
@@ -64,11 +71,16 @@ SOURCE_MODES = tuple(mode for mode in FUSION_MODES if mode != 'dynamicvit')
 ARCH = dict(img_size=28, patch_size=4, embed_dim=64, depth=6, num_heads=4, reduction_blocks=(1, 3, 4))
 MODEL_KWARGS = [f'{k}={v}'.replace(' ', '') for k, v in ARCH.items()] + [
     "pretrained_cfg_overlay={'input_size':(1,28,28),'crop_pct':1.0}"]
+# every run chooses its exported epoch on held-out training images (10%, stratified, seed 0: the split
+# SELECTION_IMAGES come from); the test images it evaluates are reported only
 DATA = ['--dataset', 'fashion_mnist', '--in-chans', '1', '--batch-size', '128', '--weight-decay', '0.05',
-        '--label-smoothing', '0.1', '--scale', '0.75', '1', '--hflip', '0.5', '--resume', '--no-progress']
+        '--label-smoothing', '0.1', '--scale', '0.75', '1', '--hflip', '0.5', '--val-fraction', '0.1',
+        '--resume', '--no-progress']
+SELECTION_IMAGES = 3000  # the first held-out training images: the dense epoch and the importance score
+TEST_IMAGES = 3000  # the first test images: every reported accuracy
 DENSE = ['--model', 'deit_t_tokenfuse', '--model-kwargs', *MODEL_KWARGS, 'keep_rate=1.0', '--max-train-samples',
-         '20000', '--max-eval-samples', '2000', '--epochs', '8', '--lr', '2e-3', '--warmup-epochs', '1', *DATA]
-EVAL_RANGE = (2000, 5000)
+         '20000', '--max-eval-samples', '2000', '--max-selection-samples', str(SELECTION_IMAGES), '--epochs', '8',
+         '--lr', '2e-3', '--warmup-epochs', '1', *DATA]
 NUM_PATCHES = 49
 FUSED_TOKENS = (1, 2, 4, 8)
 BUDGET_FUSED_TOKENS = 2  # fused tokens of every cell but the sweep's, and of the keep rates' token budgets
@@ -88,12 +100,18 @@ def train(args: List[str], output: str) -> None:
     subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1'))
 
 
-def test_batches(model, batch_size: int = 250) -> List[Dict[str, torch.Tensor]]:
-    """The evaluation images, transformed once for ``model`` (no augmentation), as loader batches."""
+def image_batches(model, batch_size: int = 250) -> Dict[str, List[Dict[str, torch.Tensor]]]:
+    """``selection`` (the first held-out training images) and ``test`` (the first test images), transformed
+    once for ``model`` (no augmentation), as loader batches."""
     splits = resolve_dataset('fashion_mnist')
-    subset = splits.eval.select(range(*EVAL_RANGE)).with_transform(create_dataset_transform(model, splits, False))
-    samples = [subset[i] for i in range(len(subset))]
-    return [collate_classification(samples[i:i + batch_size]) for i in range(0, len(samples), batch_size)]
+    held_out = hold_out(splits.train, 0.1, splits.label_column)[1]
+    transform = create_dataset_transform(model, splits, False)
+    batches = {}
+    for name, images, count in (('selection', held_out, SELECTION_IMAGES), ('test', splits.eval, TEST_IMAGES)):
+        subset = images.select(range(count)).with_transform(transform)
+        samples = [subset[i] for i in range(len(subset))]
+        batches[name] = [collate_classification(samples[i:i + batch_size]) for i in range(0, len(samples), batch_size)]
+    return batches
 
 
 def fused_model(run_dir: str, **fusion):
@@ -102,8 +120,10 @@ def fused_model(run_dir: str, **fusion):
         run_dir, **{**ARCH, 'num_fused_tokens': BUDGET_FUSED_TOKENS, **fusion}).eval()
 
 
-def top1(model, batches) -> float:
-    return evaluate_steps(StepOutputs(model), batches)['top1'][-1]
+def accuracy(model, batches, prefix: str = '') -> Dict[str, object]:
+    """``{prefix}top1`` and ``{prefix}hits`` (each image's top-1 hit, packed) of ``model`` on ``batches``."""
+    measured = evaluate_steps(StepOutputs(model), batches, per_image=True)
+    return {f'{prefix}top1': measured['top1'][-1], f'{prefix}hits': pack_hits(measured['top1_hits'][:, -1].tolist())}
 
 
 def finetuned_model(run_dir: str, fusion_kwargs: List[str]):
@@ -133,7 +153,7 @@ def finetune_args(dense_dir: str, fusion_kwargs: List[str], alpha: float, beta: 
                   epochs: int = 1, ratio_weight: float = 0.) -> List[str]:
     return ['--model', f'local-dir:{os.path.join(dense_dir, "model")}', '--pretrained', '--model-kwargs',
             *MODEL_KWARGS, f'num_fused_tokens={BUDGET_FUSED_TOKENS}', *fusion_kwargs, '--max-train-samples', str(samples),
-            '--max-eval-samples', '200', '--epochs', str(epochs), '--lr', '2e-4', '--warmup-epochs', '0',
+            '--max-eval-samples', '200', '--max-selection-samples', '1000', '--epochs', str(epochs), '--lr', '2e-4', '--warmup-epochs', '0',
             '--fusion-imp-weight', str(alpha), '--fusion-div-weight', str(beta),
             '--fusion-ratio-weight', str(ratio_weight),
             *DATA]
@@ -185,12 +205,18 @@ def main(argv=None) -> int:
     with open(os.path.join(dense_dir, 'summary.json')) as f:
         summary = json.load(f)
     dense = fused_model(dense_dir, keep_rate=1.0)
-    batches = test_batches(dense)
-    dense_top1 = top1(dense, batches)
+    image_sets = image_batches(dense)
+    batches = image_sets['test']
+    dense_accuracy = accuracy(dense, batches)
+    dense_top1 = dense_accuracy['top1']
     if 'dense' not in results:
-        results['dense'] = {'top1': dense_top1, 'train_images': summary['train_images'],
-                            'epochs': summary['epochs'], 'train_wall_time_s': summary['wall_time_s'],
-                            'command': summary['command'], 'eval_images': f'test[{EVAL_RANGE[0]}:{EVAL_RANGE[1]}]'}
+        results['started'] = provenance(typed_command('python experiments/token_fusion_ablation/run.py', argv))
+        results['dense'] = {**dense_accuracy, **accuracy(dense, image_sets['selection'], 'selection_'),
+                            'train_images': summary['train_images'], 'selection_split': summary['selection_split'],
+                            'epochs': summary['epochs'], 'exported_epoch': summary['best']['epoch'],
+                            'train_wall_time_s': summary['wall_time_s'], 'command': summary['command'],
+                            'eval_images': f'test[0:{TEST_IMAGES}]',
+                            'selection_images': f'held-out training images [0:{SELECTION_IMAGES}]'}
         save()
     elif abs(results['dense']['top1'] - dense_top1) > 1e-6:
         # the recorded cells belong to other dense weights: mixing them would compare two models
@@ -203,17 +229,19 @@ def main(argv=None) -> int:
     def measure(mode: str, keep_rate: float, **fusion):
         name = cell_name(mode, keep_rate, **fusion)
         if name not in cells:
-            cells[name] = {'top1': top1(fused_model(dense_dir, mode=mode, keep_rate=keep_rate, **fusion), batches)}
-            print(name, cells[name], flush=True)
+            model = fused_model(dense_dir, mode=mode, keep_rate=keep_rate, **fusion)
+            cells[name] = {**accuracy(model, batches), **accuracy(model, image_sets['selection'], 'selection_')}
+            print(name, cells[name]['top1'], cells[name]['selection_top1'], flush=True)
             save()
 
     for mode in SOURCE_MODES:
         for keep_rate in KEEP_RATES:
             for score in IMPORTANCE_SCORES:
                 measure(mode, keep_rate, importance_score=score)
-    # the score that measures better on average over every mode and keep rate is used from here on
-    mean = {s: sum(cells[cell_name(m, k, importance_score=s)]['top1'] for m in SOURCE_MODES for k in KEEP_RATES)
-            for s in IMPORTANCE_SCORES}
+    # the score that measures better on the held-out images, on average over every mode and keep rate, is used
+    # from here on
+    mean = {s: sum(cells[cell_name(m, k, importance_score=s)]['selection_top1'] for m in SOURCE_MODES
+                   for k in KEEP_RATES) for s in IMPORTANCE_SCORES}
     score = results['importance_score'] = max(IMPORTANCE_SCORES, key=lambda s: (mean[s], s == 'cls_query'))
     if 'cost' not in results:
         models = {'dense': dense}
@@ -232,9 +260,9 @@ def main(argv=None) -> int:
                 budget_rate = budget_keep_rate(keep_rate, m)
                 model = fused_model(dense_dir, mode='both', keep_rate=budget_rate, importance_score=score,
                                     num_fused_tokens=m)
-                cells[name] = {'top1': top1(model, batches), 'keep_rate': budget_rate,
+                cells[name] = {**accuracy(model, batches), 'keep_rate': budget_rate,
                                'mmacs': count_gmacs(model, batches[0]['pixel_values'][:1])['gmacs'] * 1e3}
-                print(name, cells[name], flush=True)
+                print(name, cells[name]['top1'], flush=True)
                 save()
 
     # equal MACs: the anchors' DeiT-S budget as a share of the dense cost, found for each fused-token count
@@ -253,8 +281,8 @@ def main(argv=None) -> int:
         found = keep_rate_for_budget(build, image, equal_macs['budget_mmacs'] / 1e3)
         model = build(found['keep_rate'])
         equal_macs['cells'][str(m)] = {'keep_rate': found['keep_rate'], 'mmacs': found['gmacs']['gmacs'] * 1e3,
-                                       'top1': top1(model, batches), 'tokens_per_block': model.token_counts()}
-        print('equal MACs, num_fused_tokens', m, equal_macs['cells'][str(m)], flush=True)
+                                       **accuracy(model, batches), 'tokens_per_block': model.token_counts()}
+        print('equal MACs, num_fused_tokens', m, equal_macs['cells'][str(m)]['top1'], flush=True)
         save()
 
     one_budget = results.setdefault('one_budget', {'keep_rate': ONE_BUDGET_KEEP, **LONG_FINETUNE, 'cells': {}})
@@ -267,10 +295,10 @@ def main(argv=None) -> int:
                             ratio_weight), run_dir)
         model, keep_rate = finetuned_model(run_dir, fusion_kwargs)
         one_budget['cells'][mode] = {
-            'top1': top1(model, batches), 'keep_rate': keep_rate, 'alpha': alpha, 'beta': beta,
+            **accuracy(model, batches), 'keep_rate': keep_rate, 'alpha': alpha, 'beta': beta,
             'ratio_weight': ratio_weight, 'mmacs': count_gmacs(model, image)['gmacs'] * 1e3,
             'tokens_per_block': model.token_counts()}
-        print('one budget, fine-tuned', mode, one_budget['cells'][mode], flush=True)
+        print('one budget, fine-tuned', mode, one_budget['cells'][mode]['top1'], flush=True)
         save()
 
     finetuned = results.setdefault('finetuned', {})
@@ -288,9 +316,9 @@ def main(argv=None) -> int:
         run_dir = os.path.join(out, 'finetune', name.replace(' ', '_').replace('=', ''))
         train(finetune_args(dense_dir, fusion_kwargs, alpha, beta, args.finetune_samples), run_dir)
         model, _ = finetuned_model(run_dir, fusion_kwargs)
-        finetuned[name] = {'top1': top1(model, batches), 'alpha': alpha, 'beta': beta,
+        finetuned[name] = {**accuracy(model, batches), 'alpha': alpha, 'beta': beta,
                            'train_images': args.finetune_samples, 'epochs': 1}
-        print('fine-tuned', name, finetuned[name], flush=True)
+        print('fine-tuned', name, finetuned[name]['top1'], flush=True)
         save()
 
     results['this_session_s'] = time.perf_counter() - start

@@ -4,7 +4,7 @@ For every threshold of one halting criterion of ``RecursiveClassifier.forward_ad
 image stops at its own step; halted images leave the batch), on the first evaluation images:
 
 * top-1 accuracy, and its paired difference from the same model's fixed readouts at steps 1, 4, 8
-  and 16 on the same images, with the 95% interval (``recursion_trace.paired_gain``);
+  and 16 on the same images, with the 95% interval (``intervals.paired_gain``);
 * the steps used: mean, median, maximum and the histogram over 1..num_steps;
 * multiply-adds per image, each image counted at its own steps and sequence lengths
   (``efficiency.adaptive_macs``), and their ratio to the full fixed recursion;
@@ -51,7 +51,7 @@ def adaptive_predictions(model, batches, criterion: str, threshold: Optional[flo
 
 
 def _paired(adaptive_right: torch.Tensor, fixed_right: torch.Tensor) -> Dict[str, float]:
-    from timm_recursive.analysis.recursion_trace import paired_gain
+    from timm_recursive.analysis.intervals import paired_gain
     n = len(adaptive_right)
     corrected = float((adaptive_right & ~fixed_right).sum()) / n
     regressed = float((~adaptive_right & fixed_right).sum()) / n

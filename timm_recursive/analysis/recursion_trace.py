@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from timm_recursive.analysis.intervals import paired_gain
 from timm_recursive.layers import (
     DynamicSparseAttention,
     MixtureOfExperts,
@@ -50,19 +51,7 @@ from timm_recursive.models.recursive_classifier import (
 )
 from timm_recursive.models.recursive_classifier_spatial import SpatialRecursiveClassifier
 
-__all__ = ['RecursionTrace', 'RecursionTracer', 'paired_gain']
-
-
-def paired_gain(corrected: float, regressed: float, num_images: int) -> Tuple[float, float]:
-    """Accuracy gain from one step to another and the half-width of its 95% confidence interval.
-
-    ``corrected`` / ``regressed``: fractions of the images wrong at the first step and right at the
-    second / right and then wrong. Both steps see the same images, so the uncertainty comes from the
-    images whose prediction changed only (the paired, McNemar-style normal approximation).
-    """
-    gain = corrected - regressed
-    variance = max(corrected + regressed - gain ** 2, 0.) / max(num_images, 1)
-    return gain, 1.96 * math.sqrt(variance)
+__all__ = ['RecursionTrace', 'RecursionTracer']
 
 
 @dataclasses.dataclass

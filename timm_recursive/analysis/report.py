@@ -25,11 +25,8 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from timm_recursive.analysis.recursion_trace import (
-    RecursionTrace,
-    RecursionTracer,
-    paired_gain,
-)
+from timm_recursive.analysis.intervals import paired_gain
+from timm_recursive.analysis.recursion_trace import RecursionTrace, RecursionTracer
 from timm_recursive.models.recursive_classifier import (
     HISTORY,
     HYPOTHESIS,

@@ -165,6 +165,8 @@ def parse_args(argv=None):
     g.add_argument('--val-fraction', type=float, default=0.1,
                    help='hold out this fraction of the train split (stratified, seed 0) to select the exported '
                         'epoch; 0: select it on the eval split itself (the test split: optimistic figures)')
+    g.add_argument('--max-selection-samples', type=positive_int, default=None,
+                   help='choose the exported epoch on the first N held-out images only (a cheaper choice each epoch)')
     g.add_argument('--max-train-samples', type=positive_int, default=None, help='use only the first N training images')
     g.add_argument('--max-eval-samples', type=positive_int, default=None, help='use only the first N eval images')
     g.add_argument('-j', '--workers', type=non_negative_int, default=0, help='data loader worker processes')
@@ -326,6 +328,8 @@ def parse_args(argv=None):
         p.error(f'tracker {", ".join(missing)} is not installed (Accelerate would skip it silently)')
     if args.val_fraction < 0 or args.val_fraction >= 1:
         p.error(f'--val-fraction must be in [0, 1), got {args.val_fraction}')
+    if args.max_selection_samples and args.val_fraction == 0:
+        p.error('--max-selection-samples limits the held-out images, and --val-fraction 0 holds out none')
     if args.dataset is None:  # as timm: a --data-dir alone is a folder dataset
         args.dataset = '' if args.data_dir is not None else 'digits'
     for option, values in (('--mean', args.mean), ('--std', args.std)):
@@ -469,6 +473,8 @@ def load_splits(args):
         if len(selection) == 0:
             raise DatasetError(f'--val-fraction {args.val_fraction:g} of {len(splits.train)} training images holds out '
                                'none: raise it, or select on the eval split with --val-fraction 0')
+        if args.max_selection_samples:
+            selection = selection.select(range(min(args.max_selection_samples, len(selection))))
     if args.max_train_samples:
         splits.train = splits.train.select(range(min(args.max_train_samples, len(splits.train))))
     if args.max_eval_samples:

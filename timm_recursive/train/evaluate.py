@@ -11,14 +11,15 @@ __all__ = ['evaluate_steps']
 
 @torch.no_grad()
 def evaluate_steps(model: nn.Module, loader, accelerator=None, progress: bool = False,
-                   desc: str = 'eval', device=None) -> Dict:
+                   desc: str = 'eval', device=None, per_image: bool = False) -> Dict:
     """Top-1/top-5 accuracy (percent) at every step of ``model`` (a ``StepOutputs``) on ``loader``.
 
     With an ``accelerator`` the per-sample results are gathered over processes (duplicates padded
     into the last batch dropped). Returns ``top1`` and ``top5`` (lists over steps), ``loss`` (final
     step's cross-entropy), ``first_to_last`` (percent of the images wrong at the first step and right
     at the last, and right then wrong: the paired parts of the recursion's gain), ``images`` and
-    ``images_per_s``.
+    ``images_per_s``; with ``per_image``, also ``top1_hits``, a bool tensor (images, steps) of each image's
+    top-1 hit at every step, for paired comparisons of two models on the same images.
     """
     from tqdm.auto import tqdm
 
@@ -51,7 +52,7 @@ def evaluate_steps(model: nn.Module, loader, accelerator=None, progress: bool = 
         raise ValueError('evaluation loader yielded no images')
     right = torch.cat(correct1)  # (images, steps)
     first, last = right[:, 0], right[:, -1]
-    return {
+    result = {
         'top1': [round(100. * v, 4) for v in right.mean(0).tolist()],
         'first_to_last': [round(100. * ((1 - first) * last).mean().item(), 4),
                           round(100. * (first * (1 - last)).mean().item(), 4)],
@@ -60,3 +61,6 @@ def evaluate_steps(model: nn.Module, loader, accelerator=None, progress: bool = 
         'images': images,
         'images_per_s': images / elapsed,
     }
+    if per_image:
+        result['top1_hits'] = right.bool()
+    return result
