@@ -14,7 +14,7 @@ session that ends mid-study keeps every finished run. The tables are generated f
 
 Recipes (the recursion study's, ``experiments/recursion_refinement/ablations.sh``, with held-out selection):
 ``ablation``: the first 6,000 of the 54,000 training images left after 10% (6,000, stratified, seed 0) are
-held out to choose the exported epoch, 4 epochs, the first 5,000 test images; ``full``: all 54,000, 10 epochs,
+held out, 4 epochs, the exported epoch chosen on the first 2,000 held-out images, the first 5,000 test images; ``full``: all 54,000, 10 epochs,
 every test image (``experiments/fashion_mnist_baselines``' recipe, whose pooled runs are the comparison).
 """
 import argparse
@@ -36,7 +36,8 @@ COMMON = ['--dataset', 'fashion_mnist', '--batch-size', '128', '--lr', '1e-3', '
           '--warmup-epochs', '1', '--clip-grad', '1.0', '--label-smoothing', '0.1', '--scale', '0.75', '1',
           '--hflip', '0.5', '--resume', '--no-progress']
 RECIPES: Dict[str, List[str]] = {
-    'ablation': ['--max-train-samples', '6000', '--max-eval-samples', '5000', '--epochs', '4'],
+    'ablation': ['--max-train-samples', '6000', '--max-eval-samples', '5000', '--max-selection-samples', '2000',
+                 '--epochs', '4'],
     'full': ['--epochs', '10'],
 }
 
