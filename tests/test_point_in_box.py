@@ -84,6 +84,19 @@ def test_local_attention_is_inside_the_box_and_uniform_attention_at_chance(reg_t
         scores, 1 / scores.shape[-1]))
     uniform = pib.point_in_box(model, [(images, tiles)])
     assert uniform['pib'] == pytest.approx(uniform['chance']) and uniform['chance'] == pytest.approx([.25, .25])
+    # the excess over chance and its interval over canvases: 0.75 exactly for local attention (every canvas
+    # alike, so every resample too), 0 for uniform attention
+    assert local['canvases'] == 2 and local['pib_minus_chance'] == pytest.approx([.75, .75])
+    assert local['pib_minus_chance_interval'] == [pytest.approx((.75, .75))] * 2
+    assert uniform['pib_minus_chance_interval'] == [pytest.approx((0., 0.), abs=1e-12)] * 2
+
+
+def test_the_excess_interval_resamples_canvases():
+    # two blocks, four canvases: the first block's canvases disagree (excess 0.0 to 0.3), the second's agree
+    per_canvas = torch.tensor([[[0., 10.], [1., 10.], [2., 10.], [3., 10.]],
+                               [[1., 10.], [1., 10.], [1., 10.], [1., 10.]]], dtype=torch.float64)
+    (low, high), (low2, high2) = pib.bootstrap_excess(per_canvas)
+    assert 0. <= low < .15 < high <= .3 and low2 == pytest.approx(.1) and high2 == pytest.approx(.1)
 
 
 @pytest.fixture(scope='module')

@@ -4,7 +4,18 @@ import json
 import pathlib
 from typing import Dict, List, Optional
 
+from timm_recursive.analysis.intervals import format_interval, proportion_difference_interval
 from tools.generated_markdown import markdown_table, pct
+
+
+def linear_gap(variants: Dict, a: str, b: str) -> str:
+    """Linear-probe top-1 of ``a`` minus ``b`` in points with its 95% interval over the test images (unpaired:
+    the per-image answers were not kept, so conservative; one pretraining seed each, whose variation is not
+    in it)."""
+    la, lb = variants[a]['linear'], variants[b]['linear']
+    difference, half = proportion_difference_interval(la['top1'] / 100, la['eval_images'], lb['top1'] / 100,
+                                                      lb['eval_images'])
+    return format_interval(100 * difference, 100 * half, signed=True, digits=1)
 
 
 def _model(variant: Dict) -> str:
@@ -108,8 +119,11 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
               segment['num_classes'], pretraining['hardware'], collected.get('date', 'not recorded'),
               collected.get('commit', 'not recorded')]]),
         'beside_source': beside_source(variants, source),
-        'linear_gap': f'{top1[ranked[0]] - top1[ranked[1]]:.1f}',
+        'linear_gap': linear_gap(variants, ranked[0], ranked[1]),
+        'linear_spread': ', '.join(f'{a} - {b} {linear_gap(variants, a, b)}'
+                                   for i, a in enumerate(ranked[1:], 1) for b in ranked[i + 1:]),
         'headline': ('linear probe top-1 ' + ', '.join(f'{name} {pct(top1[name])}%' for name in ranked)
-                     + f' (one seed; ViTs of width {any_variant["model_kwargs"]["embed_dim"]} after '
+                     + f'; {ranked[0]} - {ranked[1]} {linear_gap(variants, ranked[0], ranked[1])} points, 95% '
+                     f'interval over the test images (one seed; ViTs of width {any_variant["model_kwargs"]["embed_dim"]} after '
                      f'{pretraining["train_images"] * pretraining["epochs"]:,} image-passes of DINO on FashionMNIST)'),
     }

@@ -103,22 +103,42 @@ def box_attention(attention: torch.Tensor, box_ids: torch.Tensor,
     return pib[in_box], chance[in_box], patch_mass[in_box]
 
 
+def bootstrap_excess(per_canvas: torch.Tensor, resamples: int = 2000, seed: int = 0,
+                     level: float = 0.95) -> List[Tuple[float, float]]:
+    """Per block, the 95% interval of PiB minus chance, resampling canvases (its queries move together: the
+    queries of one canvas are not independent). ``per_canvas`` (blocks, canvases, 2): each canvas's sum of
+    ``pib - chance`` over its kept queries, and their count."""
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randint(per_canvas.shape[1], (resamples, per_canvas.shape[1]), generator=generator)
+    sums = per_canvas[:, picks].sum(2)  # (blocks, resamples, 2)
+    excess = sums[..., 0] / sums[..., 1].clamp_min(1)
+    tails = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=excess.dtype)
+    return [tuple(row) for row in torch.quantile(excess, tails, dim=1).T.tolist()]
+
+
 @torch.no_grad()
 def point_in_box(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.Tensor]]) -> Dict:
     """Per block of ``model`` (a timm ViT), the mean ``box_attention`` over every in-box patch query of
     ``batches`` of (images, ``patch_box_ids``): ``pib``, ``chance`` and ``patch_mass`` lists, ``queries``
-    and, per block, ``queries_without_patch_attention`` (left out of ``pib`` and ``chance``)."""
+    and, per block, ``queries_without_patch_attention`` (left out of ``pib`` and ``chance``), and
+    ``pib_minus_chance`` with its 95% interval over canvases (``bootstrap_excess``), ``canvases``."""
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     if not layers:
         raise TypeError(f'{type(model).__name__} has no timm.layers.Attention layer')
     prefix = getattr(model, 'num_prefix_tokens', 0)
     totals = torch.zeros(len(layers), 4, dtype=torch.float64)  # sums of pib, chance, patch_mass; queries kept
     queries = 0
+    per_canvas = []  # per batch: (blocks, images, 2), each canvas's sum of pib - chance and its kept queries
     for images, box_ids in batches:
+        canvas_of = (box_ids >= 0).nonzero()[:, 0]  # the canvas of each in-box query, in box_attention's order
+        batch_sums = torch.zeros(len(layers), len(images), 2, dtype=torch.float64)
         for layer, attention in enumerate(capture_attention(model, images, layers, lambda p: p.mean(1))):
             pib, chance, patch_mass = box_attention(attention, box_ids, prefix)
             kept = patch_mass > 0
             totals[layer] += torch.stack([pib[kept].sum(), chance[kept].sum(), patch_mass.sum(), kept.sum()])
+            batch_sums[layer].index_add_(0, canvas_of[kept], torch.stack([(pib - chance)[kept],
+                                                                          torch.ones_like(pib[kept])], -1))
+        per_canvas.append(batch_sums)
         queries += int((box_ids >= 0).sum())
     if queries == 0:
         raise ValueError('no patch centre lies in an object box: no query to measure')
@@ -129,6 +149,9 @@ def point_in_box(model: nn.Module, batches: Iterable[Tuple[torch.Tensor, torch.T
         'patch_mass': (totals[:, 2] / queries).tolist(),
         'queries': queries,
         'queries_without_patch_attention': [queries - int(n) for n in totals[:, 3]],
+        'pib_minus_chance': ((totals[:, 0] - totals[:, 1]) / kept).tolist(),
+        'pib_minus_chance_interval': bootstrap_excess(torch.cat(per_canvas, 1)),
+        'canvases': sum(batch.shape[1] for batch in per_canvas),
     }
 
 
