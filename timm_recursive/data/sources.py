@@ -14,6 +14,8 @@ import numpy as np
 from timm.data import create_dataset
 from timm.data.readers.class_map import load_class_map as timm_load_class_map
 
+from timm_recursive.models.offline import go_offline_if_hub_unreachable
+
 from .errors import DatasetError, _first_line
 from .idx import (
     IDX_CLASS_NAMES,
@@ -93,6 +95,7 @@ def _load_local(path: str):
 def _load_named(name: str, dataset_config: Optional[str] = None, data_dir: Optional[str] = None):
     """Hub dataset id or alias; returns (DatasetDict, source, notes)."""
     hub_id = DATASET_ALIASES.get(name, name)
+    go_offline_if_hub_unreachable()
     try:
         return (datasets.load_dataset(hub_id, dataset_config, cache_dir=data_dir),
                 f'Hugging Face Hub dataset {hub_id}', [])
@@ -124,6 +127,8 @@ def _load_hugging_face(name: str, dataset_config: Optional[str], data_dir: Optio
     is memory-mapped, never streamed), cached under ``data_dir`` as timm's Hugging Face readers do."""
     if _is_saved_dataset(name):
         return datasets.load_from_disk(name), f'save_to_disk folder {name}'
+    if not os.path.exists(name):
+        go_offline_if_hub_unreachable()
     try:
         dd = datasets.load_dataset(name, dataset_config, cache_dir=data_dir, streaming=streaming)
     except Exception as e:  # offline, unknown, a bad config: the datasets library says which

@@ -21,6 +21,8 @@ from typing import Dict, Iterator
 
 from timm.models import get_pretrained_cfg
 
+from .offline import go_offline_if_hub_unreachable
+
 __all__ = ['HUB_ORG', 'PROJECT_URL', 'PUBLISHED_TAGS', 'DATASET_TAGS', 'TRAIN_COMMAND', 'pretrained_errors',
            'pretrained_source', 'train_command']
 
@@ -72,7 +74,12 @@ def _never_published(error: Exception, cfg: Dict) -> bool:
 @contextlib.contextmanager
 def pretrained_errors(variant: str, pretrained: bool, kwargs: dict) -> Iterator[None]:
     """Around a model build: unpublished, unreachable, corrupt, truncated, pickled or mismatched weights raise
-    a ``RuntimeError`` in one sentence (module docstring)."""
+    a ``RuntimeError`` in one sentence (module docstring). Weights to fetch from the Hub first check that it
+    answers (``go_offline_if_hub_unreachable``), so that offline they come from the cache without retries."""
+    if pretrained:
+        cfg = _resolved_cfg(variant, kwargs)
+        if cfg.get('hf_hub_id') and not cfg.get('file'):
+            go_offline_if_hub_unreachable()
     try:
         yield
     except Exception as e:

@@ -7,6 +7,8 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from timm_recursive.models.offline import go_offline_if_hub_unreachable
+
 from .checkpoint import CheckpointError, load_weights
 
 __all__ = ['create_classifier', 'create_model_from_checkpoint', 'create_model_from_run_args', 'check_input_size']
@@ -78,6 +80,9 @@ def create_classifier(model_name: str, num_classes: int, pretrained: bool = Fals
     cfg = timm.models.get_pretrained_cfg(model_name)
     if in_chans is None:
         in_chans = cfg.input_size[0] if cfg is not None and cfg.input_size else 3
+    if pretrained and (model_name.startswith('hf-hub:') or getattr(cfg, 'hf_hub_id', None)) and not kwargs.get(
+            'pretrained_cfg_overlay', {}).get('file'):
+        go_offline_if_hub_unreachable()
     try:
         return _create_model(model_name, pretrained=pretrained, num_classes=num_classes, in_chans=in_chans, **kwargs)
     except (OSError, RuntimeError) as e:  # hub errors are OSErrors; mismatched weights RuntimeErrors
