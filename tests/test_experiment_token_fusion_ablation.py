@@ -104,11 +104,15 @@ def test_equal_macs_one_budget_and_source_tables(tmp_path):
     assert '| +2.50 | one-budget table, fine-tuned alike |' in source  # both minus dynamicvit
 
 
-def test_top1_leaves_the_model_in_eval_mode():
-    """A model measured by top1 is counted next (dynamicvit's training forward would cost more): its mode stays."""
+def test_accuracy_keeps_each_images_hit_and_leaves_the_model_in_eval_mode():
+    """A model measured by accuracy is counted next (dynamicvit's training forward would cost more): its mode
+    stays; each image's hit is kept for the paired intervals."""
+    from timm_recursive.analysis.intervals import unpack_hits
     import timm
     import torch
     model = timm.create_model('deit_t_tokenfuse', mode='dynamicvit', **ablation.ARCH, in_chans=1, num_classes=10).eval()
     batches = [{'pixel_values': torch.randn(4, 1, 28, 28), 'label': torch.tensor([0, 1, 2, 3])}]
-    assert 0 <= ablation.top1(model, batches) <= 100
+    measured = ablation.accuracy(model, batches, 'selection_')
+    hits = unpack_hits(measured['selection_hits'], 4)
+    assert measured['selection_top1'] == 100 * sum(hits) / 4
     assert not model.training
