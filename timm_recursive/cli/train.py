@@ -682,7 +682,7 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
             'eval_top1_per_step': result['top1'], 'eval_top5_per_step': result['top5'],
             'eval_first_to_last': result['first_to_last'], 'eval_images_per_s': result['images_per_s'],
             'selection_top1': selected['top1'][-1], 'selection_top5': selected['top5'][-1],
-            'selection_loss': selected['loss'],
+            'selection_loss': selected['loss'], 'selection_top1_per_step': selected['top1'],
         }
         if args.log_with:
             accelerator.log(tracker_values(record), step=epoch + 1)
@@ -691,7 +691,8 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
         is_best = best is None or selection_key not in best or (
             value < best[selection_key] if lower_is_better else value > best[selection_key])
         if is_best:
-            best = {k: record[k] for k in ('epoch', selection_key, 'eval_top1', 'eval_top1_per_step')}
+            best = {k: record[k] for k in ('epoch', selection_key, 'selection_top1_per_step', 'eval_top1',
+                                           'eval_top1_per_step')}
             if main:
                 export_model(ema.module if ema is not None else accelerator.unwrap_model(net).model, export_dir,
                              label_names=label_names)
