@@ -19,6 +19,7 @@ STUDIES = (
     ('fashion_mnist_baselines', 'recursive classifier', 'SA-MLP, SA-MoE and DSA-MoE on FashionMNIST'),
     ('recursion_refinement', 'recursive classifier', 'do the 16 steps refine the prediction?'),
     ('adaptive_halting', 'recursive classifier', 'how many steps does each image need?'),
+    ('spatial_recursion', 'recursive classifier', 'do the steps refine once they read the image (spatial tokens, DSA)?'),
     ('token_fusion_ablation', 'token fusion',
      'importance, diversity, DynamicViT and the fused-token count at equal MACs'),
     ('dino_fashion_mnist', 'entmax ViT', 'DINO pretraining and probes: softmax, entmax, registers, specialization'),

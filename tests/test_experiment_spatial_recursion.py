@@ -1,0 +1,68 @@
+"""experiments/spatial_recursion: the schedule of its runs and the tables made from their records."""
+import json
+import math
+import pathlib
+
+import pytest
+
+from tools.generated_markdown import import_file
+
+STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'spatial_recursion'
+study_run = import_file(STUDY / 'run.py')
+study_tables = import_file(STUDY / 'tables.py')
+
+
+def test_every_cells_first_seed_comes_before_any_second_seed():
+    order = study_run.schedule(list(study_run.CELLS.values()))
+    seeds = [seed for _, seed in order]
+    assert seeds == sorted(seeds) and len(order) == 3 * len(study_run.CELLS)
+    assert order[0][0].name == 'dsa_k6_steps16'  # the default design first
+
+
+def test_the_train_command_holds_out_images_and_never_selects_on_test(tmp_path):
+    command = study_run.train_command(study_run.CELLS['dsa_k2_steps16'], 1, tmp_path)
+    assert '--val-fraction' not in command or command[command.index('--val-fraction') + 1] != '0'
+    assert command[command.index('--seeds') + 1] == '1' and 'topk=2' in command
+    assert command[command.index('--max-selection-samples') + 1] == '2000'
+
+
+def _summary(model, kwargs, seed, test, held_out, date):
+    return {'model': model, 'model_kwargs': kwargs, 'seed': seed, 'num_steps': len(test), 'num_classes': 10,
+            'test': {'exported': {'epoch': 4, 'top1': test[-1], 'top1_per_step': test}},
+            'best': {'epoch': 4, 'selection_top1_per_step': held_out}, 'selection_split': 'train holdout 10%',
+            'train_images': 6000, 'selection_images': 2000, 'eval_images': 5000, 'commit': 'a' * 40, 'dirty': False,
+            'date': date, 'hardware': 'CPU, 1 thread', 'wall_time_s': 300.0}
+
+
+def test_tables_choose_the_design_on_held_out_images_and_give_intervals_over_seeds(tmp_path):
+    spatial = 'recursive_dsa_moe_spatial_tiny.fashion_mnist'
+    runs = {
+        # refines on test, not on held-out images: must not be chosen
+        'dsa_k6_steps4': [_summary(spatial, {'num_steps': 4}, s, [80., 81., 82., 83. + s], [80., 80., 80., 80.],
+                                   f'2026-12-05T10:0{s}Z') for s in range(3)],
+        'dsa_k2_steps4_mask_seen': [_summary(spatial, {'num_steps': 4, 'topk': 2, 'mask_seen': True}, s,
+                                             [80., 80., 80., 80.5], [79., 80., 81., 82.], f'2026-12-05T11:0{s}Z')
+                                    for s in range(3)],
+        'pooled_dsa_k6_steps4': [_summary('recursive_dsa_moe_tiny.fashion_mnist', {'num_steps': 4}, 0,
+                                          [85., 85., 85., 85.], [85., 85., 86., 90.], '2026-12-05T09:00Z')],
+    }
+    for cell, summaries in runs.items():
+        for s in summaries:
+            folder = tmp_path / cell / f'seed{s["seed"]}'
+            folder.mkdir(parents=True)
+            (folder / 'summary.json').write_text(json.dumps(s))
+    pieces = study_tables.tables(tmp_path)
+    # the pooled cell is never the chosen spatial design, however it does on held-out images
+    assert '`dsa_k2_steps4_mask_seen`' in pieces['headline'] and '+0.50 (+0.50 to +0.50)' in pieces['headline']
+    assert 'not reached' in pieces['headline']
+    row = next(line for line in pieces['design_search'].splitlines() if '`dsa_k6_steps4`' in line)
+    assert 'spatial, DSA k=6, MoE, 4 steps' in row and '+4.00 (' in row and '+0.00' in row  # test vs held-out
+    assert '| `pooled_dsa_k6_steps4` | pooled, DSA k=6, MoE, 4 steps | 0 |' in pieces['design_search']
+    assert 'one run: no interval' in pieces['design_search']
+    macs = [float(v) for v in pieces['macs'].splitlines()[2].split('|')[2:6]]
+    assert macs == sorted(macs) and not any(math.isnan(m) for m in macs)  # more steps, more multiply-adds
+    assert '| `dsa_k6_steps4` | 2 | 4 | train holdout 10% |' in pieces['provenance']
+
+
+def test_nothing_measured_says_which_command_measures_it(tmp_path):
+    assert all(text.startswith('not measured yet') for text in study_tables.tables(tmp_path).values())
