@@ -15,7 +15,7 @@ The token roles and the step of a sequence are the model's (``ROLES``, ``step_of
   first the fraction of predictions that changed, split into corrections (wrong -> right),
   regressions (right -> wrong) and wrong -> other wrong; from the first step to the last, the fraction
   of images corrected and regressed (``first_to_last``), whose difference is the gain of the
-  recursion and whose sum bounds its paired uncertainty (``paired_gain``);
+  recursion and whose sum bounds its paired uncertainty (``intervals.paired_gain``);
 * per layer and step: ``role_attention[l][t][q][k]``, the attention mass a query of role q gives to
   the keys of role k (averaged over heads; every row sums to 1); ``attention_sparsity[l][t]``, the
   measured fraction of keys a query gives exactly zero attention, next to ``analytic_sparsity[t]``,
@@ -29,13 +29,11 @@ The token roles and the step of a sequence are the model's (``ROLES``, ``step_of
 """
 import dataclasses
 import json
-import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 from torch import nn
 
-from timm_recursive.analysis.intervals import paired_gain
 from timm_recursive.layers import (
     DynamicSparseAttention,
     MixtureOfExperts,
