@@ -2,8 +2,6 @@
 import json
 import pathlib
 
-import pytest
-
 from tools.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'spatial_recursion'
