@@ -380,6 +380,35 @@ def test_bad_arguments_raise_clear_errors(kwargs, error, match):
         timm.create_model('recursive_dsa_moe_spatial_tiny', **kwargs)
 
 
+def test_forward_glimpses_are_the_keys_the_hypothesis_selected():
+    model = _tiny(num_steps=5, topk=4, mask_seen=True)
+    hooked = []
+    model.blocks[1].attn.key_select.register_forward_hook(
+        lambda module, args, out: hooked.append(args[0][:, model.hypothesis_slot].clone()))
+    x = torch.randn(3, 3, 32, 32)
+    glimpses = model.forward_glimpses(x)
+    assert glimpses.shape == (5, 2, 3, 4) and glimpses.dtype == torch.long
+    for t in range(5):  # block 1's selections, step tokens (positions >= 64) shown as -1
+        assert torch.equal(glimpses[t, 1], hooked[t].masked_fill(hooked[t] >= 64, -1))
+    assert torch.equal(model(x), model(x))  # no state left behind
+    with pytest.raises(ValueError, match='dense attention'):
+        _tiny(attn='dense').forward_glimpses(x)
+
+
+def test_glimpse_statistics_count_what_each_step_read():
+    from timm_recursive.analysis.glimpses import _read_masks, glimpse_statistics
+    positions = torch.tensor([[[[0, 1]], [[1, -1]]], [[[2, 0]], [[3, 3]]]])  # (steps 2, depth 2, B 1, k 2)
+    masks = _read_masks(positions, 4)
+    assert masks.tolist() == [[[True, True, False, False]], [[True, False, True, True]]]
+    model = _tiny(num_steps=6, topk=3, mask_seen=True)
+    stats = glimpse_statistics(model, [torch.randn(2, 3, 32, 32), torch.randn(3, 3, 32, 32)])
+    assert stats['images'] == 5 and stats['grid'] == [8, 8] and len(stats['read_share']) == 6
+    coverage = stats['coverage']
+    assert coverage == sorted(coverage) and 0 < coverage[0] <= coverage[-1] <= 1
+    # step 1 reads at most k regions per block; every region first read is counted once
+    assert stats['new_regions'][0] <= 2 * 3 and sum(stats['new_regions']) == pytest.approx(64 * coverage[-1])
+
+
 def test_pooled_layout_analyses_refuse_spatial_models():
     from timm_recursive.analysis.recursion_interventions import recursion_interventions
     from timm_recursive.analysis.recursion_trace import RecursionTracer

@@ -122,3 +122,20 @@ def test_report_runs_end_to_end_and_writes_every_file(tmp_path, capsys):
     assert [r['threshold'] for r in json.loads((halted / 'halting.json').read_text())['thresholds']] == [0.1, 0.9]
     assert main(['--model', 'resnet10t', '--dataset', 'digits', '--out', str(tmp_path / 'x')]) == 2
     assert 'need a RecursiveClassifier' in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_report_of_a_spatial_model_draws_its_glimpses(tmp_path, capsys):
+    out = tmp_path / 'spatial'
+    assert main(['--model', 'recursive_dsa_moe_spatial_tiny', '--model-kwargs', 'num_steps=3', 'mask_seen=True',
+                 '--dataset', 'digits', '--num-images', '30', '--out', str(out), '--no-progress']) == 0
+    assert sorted(p.name for p in out.iterdir()) == ['glimpse_maps.png', 'glimpses.json', 'report.md']
+    record = json.loads((out / 'glimpses.json').read_text())
+    assert record['images'] == 30 and len(record['accuracy']) == 3 and len(record['glimpses']['coverage']) == 3
+    report = (out / 'report.md').read_text()
+    assert '![glimpse maps](glimpse_maps.png)' in report and '| 3 |' in report
+    assert 'top-1 per step:' in capsys.readouterr().out
+    dense = tmp_path / 'dense'
+    assert main(['--model', 'recursive_sa_mlp_spatial_tiny', '--model-kwargs', 'num_steps=2', '--dataset', 'digits',
+                 '--num-images', '20', '--out', str(dense), '--no-progress']) == 0
+    assert 'no glimpses' in (dense / 'report.md').read_text() and not (dense / 'glimpse_maps.png').exists()

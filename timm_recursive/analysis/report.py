@@ -18,6 +18,11 @@ the evaluation split and writes to ``--out``: ``trace.json``, ``report.md`` and 
 regressions, wrong to other wrong). With ``--halting-thresholds`` it also measures adaptive
 halting on the same images (``timm_recursive.analysis.adaptive_halting``) into ``halting.json``
 and a report section: per threshold, accuracy, steps per image, multiply-adds, images/s.
+
+A spatial recursive classifier (``recursive_*_spatial_*``, whose steps read image tokens) gets its own report
+(``write_spatial_report``): accuracy per step and, with Dynamic Sparse Attention, its glimpses
+(``timm_recursive.analysis.glimpses``): ``glimpses.json`` (per step, the regions read, the new ones, the share of
+the image read so far) and ``glimpse_maps.png``, each step's regions drawn over the first images.
 """
 import os
 from typing import List, Optional
@@ -36,7 +41,7 @@ from timm_recursive.models.recursive_classifier import (
     step_of_length,
 )
 
-__all__ = ['trace_dataset', 'write_report']
+__all__ = ['trace_dataset', 'write_report', 'step_accuracy', 'write_spatial_report']
 
 PLOTS = ('accuracy_per_step.png', 'sparsity_per_step.png', 'role_attention.png', 'expert_routing.png',
          'prediction_changes.png')
@@ -244,6 +249,62 @@ def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: boo
     if halting is not None:
         lines += _halting_markdown(halting)
     return '\n'.join(lines)
+
+
+@torch.no_grad()
+def step_accuracy(model, loader, device='cpu') -> List[float]:
+    """Top-1 (a fraction) at every recursion step over ``loader``'s batches (``pixel_values``, ``label``)."""
+    hits, images = None, 0
+    for batch in loader:
+        step_logits, _ = model.forward_steps(batch['pixel_values'].to(device))
+        right = (step_logits.argmax(-1) == batch['label'].to(device)).sum(1).double().cpu()
+        hits = right if hits is None else hits + right
+        images += batch['label'].shape[0]
+    return (hits / max(images, 1)).tolist()
+
+
+def write_spatial_report(model, loader, accuracy: List[float], out: str, name: str, command: str = '',
+                         source: str = '', halting: Optional[dict] = None, device='cpu',
+                         shown_images: int = 4) -> List[str]:
+    """The report of a spatial recursive classifier (its steps read image tokens, which the pooled trace does not
+    model): ``accuracy`` per step (``step_accuracy``) and, with Dynamic Sparse Attention, its glimpses
+    (``analysis.glimpses``): ``glimpses.json``, ``glimpse_maps.png`` (the first ``shown_images`` images) and
+    ``report.md``; returns the files written."""
+    from timm_recursive.analysis.glimpses import glimpse_statistics, plot_glimpse_maps
+    from timm_recursive.layers import MemorySparseAttention
+    from timm_recursive.runs.files import write_json_atomic
+    os.makedirs(out, exist_ok=True)
+    model.eval()
+    record = {'model': name, 'images': len(loader.dataset), 'accuracy': accuracy}
+    written = ['glimpses.json', 'report.md']
+    lines = [f'# Recursion report: {name}', '', f'{record["images"]} images of {source}.', '', f'Command: `{command}`',
+             '']
+    if isinstance(model.blocks[0].attn, MemorySparseAttention):
+        record['glimpses'] = glimpse_statistics(model, (b['pixel_values'] for b in loader), device)
+        first = next(iter(loader))['pixel_values'][:shown_images]
+        plot_glimpse_maps(model, first, os.path.join(out, 'glimpse_maps.png'), device)
+        written.append('glimpse_maps.png')
+        g = record['glimpses']
+        lines += ['## Per step', '', f'Each step\'s hypothesis query reads k image regions of the {g["grid"][0]} x '
+                  f'{g["grid"][1]} feature map in each block (its glimpse); "read so far" is the share of the map '
+                  'any step up to this one has read, averaged over the images.', '',
+                  '| step | top-1 (%) | new regions | read so far (%) | selections on step tokens (%) |',
+                  '| --- | --- | --- | --- | --- |']
+        lines += [f'| {t + 1} | {100 * a:.2f} | {n:.2f} | {100 * c:.1f} | {100 * s:.1f} |' for t, (a, n, c, s) in
+                  enumerate(zip(accuracy, g['new_regions'], g['coverage'], g['step_token_share']))]
+        lines += ['', '![glimpse maps](glimpse_maps.png)', '']
+    else:
+        lines += ['## Per step', '', 'Dense attention reads every image region at every step: no glimpses.', '',
+                  '| step | top-1 (%) |', '| --- | --- |']
+        lines += [f'| {t + 1} | {100 * a:.2f} |' for t, a in enumerate(accuracy)] + ['']
+    if halting is not None:
+        write_json_atomic(os.path.join(out, 'halting.json'), halting)
+        written.append('halting.json')
+        lines += _halting_markdown(halting)
+    write_json_atomic(os.path.join(out, 'glimpses.json'), record)
+    with open(os.path.join(out, 'report.md'), 'w') as f:
+        f.write('\n'.join(lines))
+    return written
 
 
 def write_report(trace: RecursionTrace, out: str, command: str = '', source: str = '',

@@ -15,7 +15,7 @@ from timm_recursive.analysis.recursion_trace import (
 
 __all__ = ['trace_dataset', 'write_report']
 
-from timm_recursive.analysis.report import trace_dataset, write_report
+from timm_recursive.analysis.report import step_accuracy, trace_dataset, write_report, write_spatial_report
 from timm_recursive.cli.args import add_data_arguments, dataset_from_arguments
 
 
@@ -27,6 +27,7 @@ def main(argv=None) -> int:
         measure_halting,
     )
     from timm_recursive.cli.args import add_model_arguments, model_from_arguments
+    from timm_recursive.models.recursive_classifier_spatial import SpatialRecursiveClassifier
     from timm_recursive.data import (
         DatasetError,
         collate_classification,
@@ -51,7 +52,9 @@ def main(argv=None) -> int:
         model = model_from_arguments(args, splits.num_classes)
         trace_name = args.model or model.pretrained_cfg.get('architecture', '')
         model = model.to(args.device).eval()
-        RecursionTracer(model)  # fails early, with a clear error, for other models
+        spatial = isinstance(model, SpatialRecursiveClassifier)
+        if not spatial:
+            RecursionTracer(model)  # fails early, with a clear error, for other models
         check_halting_arguments(model, args)
     except (DatasetError, CheckpointError, TypeError, ValueError) as e:
         print(f'error: {e}', file=sys.stderr)
@@ -59,12 +62,19 @@ def main(argv=None) -> int:
     dataset = splits.eval.select(range(min(args.num_images, len(splits.eval))))
     dataset = dataset.with_transform(create_dataset_transform(model, splits, is_training=False))
     loader = DataLoader(dataset, batch_size=args.batch_size, collate_fn=collate_classification)
-    trace = trace_dataset(model, loader, trace_name, progress=not args.no_progress, device=args.device)
     command = 'timm-recursive report ' + ' '.join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    source = f'{args.dataset} ({splits.source}), evaluation split'
     halting = measure_halting(model, loader, args, args.device) if args.halting_thresholds else None
-    written = write_report(trace, args.out, command, f'{args.dataset} ({splits.source}), evaluation split', halting)
-    if trace.accuracy is not None:
-        print('top-1 per step: ' + ' '.join(f'{100 * a:.2f}' for a in trace.accuracy))
+    if spatial:
+        accuracy = step_accuracy(model, loader, args.device)
+        written = write_spatial_report(model, loader, accuracy, args.out, trace_name, command, source, halting,
+                                       args.device)
+    else:
+        trace = trace_dataset(model, loader, trace_name, progress=not args.no_progress, device=args.device)
+        written = write_report(trace, args.out, command, source, halting)
+        accuracy = trace.accuracy
+    if accuracy is not None:
+        print('top-1 per step: ' + ' '.join(f'{100 * a:.2f}' for a in accuracy))
     print(f'wrote {", ".join(written)} to {args.out}')
     return 0
 

@@ -316,10 +316,12 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             history: torch.Tensor,
             t: int,
             seen: List[Optional[torch.Tensor]],
+            glimpses: Optional[List[torch.Tensor]] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, List[Optional[torch.Tensor]]]:
         """Step ``t`` (counting from 0): the blocks over ``[summary?; y + role + step; history + role]`` reading
         ``memory``. Returns the normalised step tokens, the hypothesis-slot output, the new latent (B, 1, d),
-        the summed MoE auxiliary loss and the updated glimpse masks."""
+        the summed MoE auxiliary loss and the updated glimpse masks; appends each block's key positions of the
+        hypothesis query (B, k) to ``glimpses`` when given."""
         hypothesis = y + self.role_embed[self.hypothesis_role]
         if self.step_embed is not None:
             hypothesis = hypothesis + self.step_embed[t]
@@ -336,6 +338,8 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             else:
                 tokens, blk_aux, keys = blk(tokens, memory[i], mask)
             aux = aux + blk_aux
+            if glimpses is not None:
+                glimpses.append(keys[:, self.hypothesis_slot])
             if mask is not None:  # the hypothesis query's image tokens join what later steps may not select
                 glimpse = keys[:, self.hypothesis_slot].clamp(max=mask.shape[1])
                 hit = torch.zeros(mask.shape[0], mask.shape[1] + 1, dtype=torch.bool, device=mask.device)
@@ -349,9 +353,11 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             encoded: Tuple[torch.Tensor, Optional[torch.Tensor]],
             grad_window: int,
             step_states: Optional[List[torch.Tensor]] = None,
+            glimpses: Optional[List[torch.Tensor]] = None,
     ) -> Tuple[torch.Tensor, List[torch.Tensor], torch.Tensor]:
         """Run all steps on ``_encode``'s output: final step tokens (B, T + 1 [+ 1], d), logits of steps
-        1..T-1, mean MoE auxiliary loss; ``grad_window`` and ``step_states`` as in ``RecursiveClassifier``."""
+        1..T-1, mean MoE auxiliary loss; ``grad_window`` and ``step_states`` as in ``RecursiveClassifier``,
+        ``glimpses`` as in ``_spatial_step``."""
         image, summary = encoded
         memory = self._memory(image)
         seen = self._initial_seen(image)
@@ -363,7 +369,7 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
         tokens = image
         for t in range(self.num_steps):
             tokens, state, latent, step_aux, seen = self._spatial_step(
-                memory, summary, y, torch.cat(latents, dim=1), t, seen)
+                memory, summary, y, torch.cat(latents, dim=1), t, seen, glimpses)
             aux = aux + step_aux
             if step_states is not None:
                 step_states.append(state)
@@ -371,6 +377,22 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
                 break
             y = self._carry(latents, latent, state, y, step_logits, grad_window)
         return tokens, step_logits, aux / max(1, self.num_moe_blocks * self.num_steps)
+
+    @torch.jit.ignore
+    @torch.no_grad()
+    def forward_glimpses(self, x: torch.Tensor) -> torch.Tensor:
+        """Which image regions each step read: the memory positions (row-major in ``memory_grid``) that each
+        step's hypothesis query selected in each block, (num_steps, depth, B, k); -1 where it selected one of the
+        step tokens instead. Needs Dynamic Sparse Attention (``attn='dsa'``): dense attention selects nothing."""
+        if not isinstance(self.blocks[0].attn, MemorySparseAttention):
+            raise ValueError('glimpses are the keys Dynamic Sparse Attention selects; this model\'s dense attention '
+                             'reads every image token at every step')
+        positions: List[torch.Tensor] = []
+        image, summary = self._encode(x)
+        self._recurse((image, summary), 0, glimpses=positions)
+        num_tokens = image.shape[1]
+        selected = torch.stack(positions).view(self.num_steps, len(self.blocks), x.shape[0], -1)
+        return selected.masked_fill(selected >= num_tokens, -1)
 
     # forward_adaptive's context: the memory's keys and values, the summary and the glimpse masks
     def _adaptive_context(self, x: torch.Tensor):
