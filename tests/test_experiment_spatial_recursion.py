@@ -63,3 +63,14 @@ def test_tables_choose_the_design_on_held_out_images_and_give_intervals_over_see
 
 def test_nothing_measured_says_which_command_measures_it(tmp_path):
     assert all(text.startswith('not measured yet') for text in study_tables.tables(tmp_path).values())
+
+
+def test_baselines_train_at_28_px_and_count_their_multiply_adds(tmp_path):
+    command = study_run.train_command(study_run.CELLS['resnet18'], 0, tmp_path)
+    assert '--model-kwargs' not in command and command[command.index('--img-size') + 1] == '28'
+    vit = study_run.CELLS['vit_tiny_patch4_depth2']
+    summary = {'model': vit.model, 'model_kwargs': dict(kv.split('=') for kv in vit.kwargs), 'num_classes': 10}
+    summary['model_kwargs'] = {k: int(v) for k, v in summary['model_kwargs'].items()}
+    assert study_tables.design(summary) == 'vit_tiny_patch16_224, img_size=28, patch_size=4, depth=2'
+    (macs,) = study_tables.macs_per_step(summary)
+    assert 40e6 < macs < 50e6  # near the spatial DSA-MoE's 43 M at 16 steps

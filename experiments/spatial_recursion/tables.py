@@ -32,6 +32,8 @@ def design(summary: dict) -> str:
     """The cell's design in words, from the run's own record (model and model arguments)."""
     kwargs = summary['model_kwargs']
     model = summary['model'].split('.')[0]
+    if not model.startswith('recursive_'):  # a baseline: its name and what was changed
+        return ', '.join([model] + [f'{k}={v}' for k, v in kwargs.items()])
     spatial = '_spatial_' in model
     if 'dsa' in model:
         attention = f'DSA k={kwargs.get("topk", 6)}'
@@ -49,11 +51,17 @@ def design(summary: dict) -> str:
 @functools.lru_cache(maxsize=None)
 def _macs_per_step(model_name: str, kwargs_json: str, num_classes: int, in_chans: int) -> List[int]:
     import timm
+    import torch
 
     import timm_recursive  # noqa: F401  registers the models
     from timm_recursive.analysis.efficiency import forward_macs
+    from timm_recursive.analysis.token_fusion_cost import count_gmacs
+    from timm_recursive.models import RecursiveClassifier
     model = timm.create_model(model_name, num_classes=num_classes, in_chans=in_chans, **json.loads(kwargs_json))
-    return [forward_macs(model, INPUT_SIZE, t) for t in range(1, model.num_steps + 1)]
+    model.eval()
+    if isinstance(model, RecursiveClassifier):
+        return [forward_macs(model, INPUT_SIZE, t) for t in range(1, model.num_steps + 1)]
+    return [round(count_gmacs(model, torch.zeros(1, in_chans, *INPUT_SIZE))['gmacs'] * 1e9)]  # one step
 
 
 def macs_per_step(summary: dict) -> List[int]:
