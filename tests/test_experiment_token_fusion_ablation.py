@@ -7,6 +7,7 @@ import pytest
 from timm_recursive.layers import num_kept
 from tools.generated_markdown import import_file
 
+NO = ' (no interval: per-image hits not kept)'  # records from before run.py kept each image's hit
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'token_fusion_ablation'
 
 
@@ -52,7 +53,7 @@ def test_tables_show_what_was_measured_and_dash_the_rest(tmp_path):
     assert '| CE + 0.1 L_imp + 0.1 L_div | 76.00 |' in pieces['objective']
     assert '| CE + 1 L_imp + 0 L_div | 74.50 |' in pieces['objective']
     assert 'CE + 0 L_imp + 1 L_div' not in pieces['objective']  # not measured: no row, never a default's number
-    assert pieces['fused_4_vs_2'] == '+2.00'
+    assert pieces['fused_4_vs_2'] == '+2.00 (no interval: per-image hits not kept)'
     assert '\n' not in pieces['headline'] and 'both 75.25%' in pieces['headline']
     assert all('nan' not in text for text in pieces.values())
     assert pieces['deit_s_budget'].startswith('not measured yet: `timm-recursive token-fusion-cost')
@@ -98,10 +99,10 @@ def test_equal_macs_one_budget_and_source_tables(tmp_path):
     assert pieces['one_budget_recipe'] == '5 epochs on 5,000 training images'
     source = pieces['beside_source']
     assert '| DeiT-S FLOPs saved (%) | 35 | ' in source
-    assert '| small ViT top-1 lost at one budget, fine-tuned (points) | — | 1.50 |' in source
-    assert '| +0.50 / -1.00 |' in source  # both minus importance / diversity
-    assert '| +3.50 | main table, off the shelf |' in source  # diversity minus importance at keep 0.5
-    assert '| +2.50 | one-budget table, fine-tuned alike |' in source  # both minus dynamicvit
+    assert '| small ViT top-1 lost at one budget, fine-tuned (points) | — | +1.50 (no interval' in source
+    assert f'| +0.50{NO} / -1.00{NO} |' in source  # both minus importance / diversity
+    assert f'| +3.50{NO} | main table, off the shelf |' in source  # diversity minus importance at keep 0.5
+    assert f'| +2.50{NO} | one-budget table, fine-tuned alike |' in source  # both minus dynamicvit
 
 
 def test_accuracy_keeps_each_images_hit_and_leaves_the_model_in_eval_mode():
@@ -116,3 +117,12 @@ def test_accuracy_keeps_each_images_hit_and_leaves_the_model_in_eval_mode():
     hits = unpack_hits(measured['selection_hits'], 4)
     assert measured['selection_top1'] == 100 * sum(hits) / 4
     assert not model.training
+
+
+def test_differences_of_cells_with_hits_carry_a_paired_interval():
+    from timm_recursive.analysis.intervals import pack_hits
+    a = {'top1': 75.0, 'hits': pack_hits([True, True, True, False] * 25)}
+    b = {'top1': 50.0, 'hits': pack_hits([True, False, True, False] * 25)}
+    assert study_tables.difference(a, b, 100) == '+25.00 (+16.51 to +33.49)'
+    assert study_tables.difference(a, None, 100) == '—'
+    assert study_tables.difference({'top1': 75.0}, b, 100) == '+25.00 (no interval: per-image hits not kept)'

@@ -215,7 +215,7 @@ def main(argv=None) -> int:
                             'train_images': summary['train_images'], 'selection_split': summary['selection_split'],
                             'epochs': summary['epochs'], 'exported_epoch': summary['best']['epoch'],
                             'train_wall_time_s': summary['wall_time_s'], 'command': summary['command'],
-                            'eval_images': f'test[0:{TEST_IMAGES}]',
+                            'eval_images': f'test[0:{TEST_IMAGES}]', 'test_images': TEST_IMAGES,
                             'selection_images': f'held-out training images [0:{SELECTION_IMAGES}]'}
         save()
     elif abs(results['dense']['top1'] - dense_top1) > 1e-6:

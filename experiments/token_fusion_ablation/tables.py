@@ -8,6 +8,7 @@ import json
 import pathlib
 from typing import Dict, List, Optional, Tuple
 
+from timm_recursive.analysis.intervals import format_interval, paired_hits_interval, unpack_hits
 from tools.generated_markdown import markdown_table, pct
 
 
@@ -15,6 +16,17 @@ def parse_cell(name: str) -> Tuple[str, Dict[str, str]]:
     """``'both keep=0.5 alpha=1.0'`` -> ``('both', {'keep': '0.5', 'alpha': '1.0'})``."""
     mode, *settings = name.split()
     return mode, dict(setting.split('=', 1) for setting in settings)
+
+
+def difference(a: Optional[Dict], b: Optional[Dict], images: Optional[int]) -> str:
+    """Top-1 of cell ``a`` minus cell ``b`` in points, with the paired 95% interval over the ``images`` test images
+    both were measured on when their per-image hits were kept (``run.py`` keeps them since the held-out rerun)."""
+    if a is None or b is None:
+        return '—'
+    if images and 'hits' in a and 'hits' in b:
+        gain, half = paired_hits_interval(unpack_hits(a['hits'], images), unpack_hits(b['hits'], images))
+        return format_interval(100 * gain, 100 * half, signed=True)
+    return f'{a["top1"] - b["top1"]:+.2f} (no interval: per-image hits not kept)'
 
 
 def _top1(cell: Optional[Dict]) -> str:
@@ -77,8 +89,7 @@ def beside_source(results: pathlib.Path, r: Dict) -> str:
     off = {mode: r['cells'].get(f'{mode} keep=0.5 importance_score={r["importance_score"]}')
            for mode in ('both', 'importance', 'diversity')}
 
-    def drop(mode: str, reference: Optional[Dict]) -> str:
-        return '—' if mode not in one or reference is None else f'{reference["top1"] - one[mode]["top1"]:.2f}'
+    images = r['dense'].get('test_images')
 
     reductions = ('—' if budget is None or 'dense_gmacs' not in budget else ' / '.join(
         f'{100 * (1 - found["gmacs"]["gmacs"] / budget["dense_gmacs"]):.1f} ({fused} fused)'
@@ -88,17 +99,16 @@ def beside_source(results: pathlib.Path, r: Dict) -> str:
         ['DeiT-S FLOPs saved (%)', f'{source["deit_s_flops_reduction_pct"]}', reductions,
          f'counted GMACs at the anchors\' 3.0 GMACs (`{BUDGET_COMMAND}`)'],
         ['DeiT-S top-1 lost (points)', f'{source["deit_s_top1_drop_points"]:g}', '—', not_here],
-        ['small ViT top-1 lost at one budget, fine-tuned (points)', '—', drop('both', one.get('dense')),
+        ['small ViT top-1 lost at one budget, fine-tuned (points)', '—', difference(one.get('dense'), one.get('both'),
+                                                                                 images),
          'dense minus `both`, keep 0.7\'s token budget (the one-budget table)'],
         ['removing either component degrades: `both` minus `importance` / `diversity` (points)', 'yes',
-         ' / '.join('—' if m not in one or 'both' not in one else f'{one["both"]["top1"] - one[m]["top1"]:+.2f}'
-                    for m in ('importance', 'diversity')), 'one-budget table, fine-tuned'],
+         ' / '.join(difference(one.get('both'), one.get(m), images) for m in ('importance', 'diversity')),
+         'one-budget table, fine-tuned'],
         ['diversity crucial at low keep rates: `diversity` minus `importance` at keep 0.5 (points)', 'yes',
-         '—' if not (off['diversity'] and off['importance'])
-         else f'{off["diversity"]["top1"] - off["importance"]["top1"]:+.2f}', 'main table, off the shelf'],
+         difference(off['diversity'], off['importance'], images), 'main table, off the shelf'],
         ['against DynamicViT: `both` minus `dynamicvit` (points)', 'better (no figure)',
-         '—' if not ('both' in one and 'dynamicvit' in one)
-         else f'{one["both"]["top1"] - one["dynamicvit"]["top1"]:+.2f}', 'one-budget table, fine-tuned alike'],
+         difference(one.get('both'), one.get('dynamicvit'), images), 'one-budget table, fine-tuned alike'],
         ['DeiT-T top-1 gained', 'yes (no figure)', '—', not_here.replace('deit_s', 'deit_t')],
     ]
     return markdown_table(['claim', 'source (seed 001)', 'here', 'where this project measures it'], rows)
@@ -166,7 +176,8 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
             row.append('—' if c is None else f'{pct(c["top1"])} ({c["mmacs"]:.2f})')
         budget_rows.append(row)
     # the fused-token gain at equal budget, 4 against 2 (the choice of the DeiTs' default)
-    gains = [budget(k, '4')['top1'] - budget(k, '2')['top1'] for k in keep_rates if budget(k, '4') and budget(k, '2')]
+    gains = [difference(budget(k, '4'), budget(k, '2'), r['dense'].get('test_images'))
+             for k in keep_rates if budget(k, '4') and budget(k, '2')]
     extra_macs = [100 * (budget(k, '4')['mmacs'] / budget(k, '2')['mmacs'] - 1)
                   for k in keep_rates if budget(k, '4') and budget(k, '2')]
 
@@ -188,7 +199,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         'objective': markdown_table(['both, keep 0.5, fine-tuned with', 'top-1 (%)'],
                                     [[f'CE + {a:g} L_imp + {b:g} L_div', pct(t)] for a, b, t in objective]),
         'score': score,
-        'fused_4_vs_2': ' / '.join(f'{g:+.2f}' for g in gains),
+        'fused_4_vs_2': ' / '.join(gains),
         'fused_4_vs_2_macs': f'{min(extra_macs):.1f}-{max(extra_macs):.1f}%' if extra_macs else '—',
         'setup': markdown_table(
             ['dense model', 'trained on', 'evaluated on', 'training wall time', 'wall time of the last session',
