@@ -43,7 +43,7 @@ def test_a_run_is_read_from_its_training_record_first_then_its_analyses(tmp_path
     folder.mkdir(parents=True)
     (folder / 'interventions.json').write_text(json.dumps({'step_top1': [70.0, 71.0], 'eval_images': 5000}))
     run = tables.load_run(tmp_path, 'dsa_moe_k2')
-    assert run['per_step'] == [70.0, 71.0] and run['weights'] == 'exported model' and run['first_to_last'] is None
+    assert run['per_step'] == [70.0, 71.0] and run['weights'] == 'exported model (epoch chosen on the test split)' and run['first_to_last'] is None
     (folder / 'report').mkdir()
     (folder / 'report' / 'trace.json').write_text(json.dumps(
         {'accuracy': [0.7, 0.72], 'num_images': 5000, 'first_to_last': [0.03, 0.01]}))

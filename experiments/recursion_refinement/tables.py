@@ -50,12 +50,12 @@ def load_run(results: pathlib.Path, name: str, root: str = RECIPE_ROOT) -> Optio
         first_to_last = trace.get('first_to_last')
         return dict(per_step=[100 * a for a in trace['accuracy']], eval_images=trace['num_images'],
                     first_to_last=None if first_to_last is None else [100 * v for v in first_to_last],
-                    weights='exported model', summary=None)
+                    weights='exported model (epoch chosen on the test split)', summary=None)
     for analysis in ('summary_probe.json', 'interventions.json'):
         result = _read_json(folder / analysis)
         if result is not None:
             return dict(per_step=result['step_top1'], eval_images=result['eval_images'], first_to_last=None,
-                        weights='exported model', summary=None)
+                        weights='exported model (epoch chosen on the test split)', summary=None)
     return None
 
 
@@ -313,7 +313,10 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         'beside_source': beside_source(results),
     }
     pieces['not_reproducible'] = not_reproducible(missing)
-    reference = load_run(results, REFERENCE)['per_step']
-    pieces['headline'] = (f'{reference[-1]:.2f}% at step 16 vs {reference[0]:.2f}% at step 1 '
-                          f'(FashionMNIST, tiny DSA-MoE, 6,000 training images)')
+    reference = load_run(results, REFERENCE)
+    per_step = reference['per_step']
+    pieces['headline'] = (f'{per_step[-1]:.2f}% at step 16 vs {per_step[0]:.2f}% at step 1, change '
+                          f'{gain_with_interval(reference)} points, paired 95% interval over the '
+                          f'{reference["eval_images"]:,} test images (FashionMNIST, tiny DSA-MoE, 6,000 training '
+                          f'images, one seed, {reference["weights"]})')
     return pieces
