@@ -4,6 +4,7 @@ import pathlib
 from typing import Dict
 
 from timm_recursive.analysis.adaptive_halting import still_running_table, threshold_table
+from timm_recursive.analysis.intervals import format_interval
 from tools.generated_markdown import markdown_table, pct
 from timm_recursive.hub.cards import public_command, strip_local_paths
 
@@ -25,6 +26,15 @@ def _matching(result: Dict) -> str:
             f"(vs {pct(full['top1'])}% at {full['steps']} fixed steps) with {match['mean_steps']:.2f} steps "
             f"on average, {match['macs_ratio']:.3f}x the multiply-adds and {match['speedup']:.2f}x the images/s; "
             f"chosen on {match.get('chosen_on', 'the evaluation images themselves')}")
+
+
+def _vs_full(result: Dict) -> str:
+    """The matching threshold's paired difference from the full recursion on the same images, with its 95%
+    interval (``vs_fixed`` of that threshold's entry)."""
+    full = result['fixed'][-1]
+    entry = next(t for t in result['thresholds'] if t['threshold'] == result['matching']['threshold'])
+    vs = entry['vs_fixed'][str(full['steps'])]
+    return f"{format_interval(vs['gain'], vs['ci95'], signed=True)} points"
 
 
 def _histogram(result: Dict) -> str:
@@ -141,11 +151,13 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     else:
         pieces['headline'] = (
             f"{pct(match['top1'])}% with {match['mean_steps']:.2f} steps per image on average vs "
-            f"{pct(full['top1'])}% at {full['steps']} fixed steps: {match['macs_ratio']:.3f}x the multiply-adds, "
-            f"{match['speedup']:.2f}x the images/s (confidence exit, FashionMNIST, tiny DSA-MoE)")
+            f"{pct(full['top1'])}% at {full['steps']} fixed steps ({_vs_full(confidence)}, paired 95% interval): "
+            f"{match['macs_ratio']:.3f}x the multiply-adds, {match['speedup']:.2f}x the images/s (confidence exit, "
+            f"threshold chosen on {match.get('chosen_on', 'the test images themselves')}; FashionMNIST, tiny DSA-MoE)")
     learned = data.get('halting')
     if learned is not None and learned['matching'] is not None:
         m, f = learned['matching'], learned['fixed'][-1]
         pieces['headline'] += (f"; a learned PonderNet head: {pct(m['top1'])}% with {m['mean_steps']:.2f} steps vs "
-                               f"{pct(f['top1'])}% at {f['steps']}, {m['macs_ratio']:.3f}x the multiply-adds")
+                               f"{pct(f['top1'])}% at {f['steps']} ({_vs_full(learned)}), {m['macs_ratio']:.3f}x the "
+                               "multiply-adds")
     return pieces
