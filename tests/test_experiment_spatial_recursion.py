@@ -74,3 +74,16 @@ def test_baselines_train_at_28_px_and_count_their_multiply_adds(tmp_path):
     assert study_tables.design(summary) == 'vit_tiny_patch16_224, img_size=28, patch_size=4, depth=2'
     (macs,) = study_tables.macs_per_step(summary)
     assert 40e6 < macs < 50e6  # near the spatial DSA-MoE's 43 M at 16 steps
+
+
+def test_plot_draws_fixed_depths_exits_and_baselines(tmp_path):
+    plot = import_file(STUDY / 'plot.py')
+    spatial = 'recursive_dsa_moe_spatial_tiny.fashion_mnist'
+    folder = tmp_path / 'dsa_k6_steps4' / 'seed0'
+    folder.mkdir(parents=True)
+    (folder / 'summary.json').write_text(json.dumps(_summary(spatial, {'num_steps': 4}, 0, [80., 81., 82., 83.],
+                                                             [80.] * 4, '2026-12-05T10:00Z')))
+    thresholds = [{'threshold': t, 'top1': 80. + t, 'macs_per_image': 1e7 * (1 + t)} for t in (0.5, 0.9)]
+    (folder / study_run.HALTING_RESULT).write_text(json.dumps({'thresholds': thresholds}))
+    assert plot.halting_curve(tmp_path, 'dsa_k6_steps4') == ([(15.0, 80.5), (19.0, 80.9)], 1)
+    assert plot.main([str(tmp_path)]) == 0 and (tmp_path / 'accuracy_vs_macs.png').stat().st_size > 0

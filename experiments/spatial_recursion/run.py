@@ -2,6 +2,7 @@
 """The spatial recursion study (issue 35): do the steps refine once they read the image through DSA?
 
     experiments/spatial_recursion/run.py [--out runs/spatial_recursion] [--jobs 2] [--only CELL ...] [--commit]
+    experiments/spatial_recursion/run.py --halting CELL [--commit]   # then: python experiments/spatial_recursion/plot.py
 
 Trains every cell of ``CELLS`` (a design: model, model arguments, recipe) for each of its seeds with
 ``timm-recursive train`` into ``OUT/<cell>/seed<S>`` (one thread per run, ``--jobs`` at once), most
@@ -11,6 +12,12 @@ finishes, its records (``summary.json``, ``metrics.jsonl``, ``args.json``) are c
 ``results/<cell>/seed<S>/`` and, with ``--commit``, committed at once (only those files), so that a
 session that ends mid-study keeps every finished run. The tables are generated from ``results/`` by
 ``tables.py`` (``python experiments/render.py``).
+
+``--halting CELL`` measures the confidence exit (``timm-recursive adaptive-halting``) on every finished seed of
+``CELL``: the exported model on the first 5,000 test images at each of ``HALTING_THRESHOLDS``, the cheapest
+threshold that keeps the full recursion's accuracy chosen on 2,000 held-out training images (the run's own
+holdout), into ``results/<cell>/seed<S>/halting_confidence.json``; ``plot.py`` draws accuracy against
+multiply-adds, the fixed depths and the exits on one plot.
 
 Recipes (the recursion study's, ``experiments/recursion_refinement/ablations.sh``, with held-out selection):
 ``ablation``: the first 6,000 of the 54,000 training images left after 10% (6,000, stratified, seed 0) are
@@ -129,6 +136,35 @@ def run_one(cell: Cell, seed: int, out: pathlib.Path, commit_results: bool) -> s
     return f'done: {name} -> {saved.relative_to(ROOT)}'
 
 
+HALTING_THRESHOLDS = ('0.5', '0.6', '0.7', '0.8', '0.9', '0.95', '0.99', '0.999')
+HALTING_RESULT = 'halting_confidence.json'
+
+
+def measure_halting(cell: Cell, seed: int, out: pathlib.Path, commit_results: bool) -> str:
+    """The confidence exit of one finished run, saved beside its records (skipped once there)."""
+    name = f'{cell.name}/seed{seed}'
+    saved = RESULTS / cell.name / f'seed{seed}' / HALTING_RESULT
+    if saved.exists():
+        return f'done: {saved.relative_to(ROOT)}'
+    run = out / cell.name / f'seed{seed}'
+    if not (run / 'summary.json').exists():
+        return f'FAILED: {name} has not finished training (no {run / "summary.json"})'
+    command = [str(ROOT / '.venv' / 'bin' / 'timm-recursive'), 'adaptive-halting', '--checkpoint', str(run),
+               '--dataset', 'fashion_mnist', '--eval-samples', '5000', '--timing-images', '1000', '--repeats', '5',
+               '--criterion', 'confidence', '--thresholds', *HALTING_THRESHOLDS]
+    print(f'measuring the confidence exit of {name}', flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS='1', HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        return f'FAILED: the halting measurement of {name}: {done.stderr.strip().splitlines()[-1:]}'
+    temporary = saved.with_suffix('.tmp')
+    temporary.write_text(done.stdout)
+    os.replace(temporary, saved)
+    if commit_results:
+        commit([saved], f'spatial_recursion: the confidence exit of {name} measured (run.py --halting)')
+    return f'done: {saved.relative_to(ROOT)}'
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument('--out', type=pathlib.Path, default=ROOT / 'runs' / 'spatial_recursion')
@@ -136,7 +172,14 @@ def main(argv=None) -> int:
     parser.add_argument('--only', nargs='+', choices=sorted(CELLS), metavar='CELL', help='these cells only')
     parser.add_argument('--seeds', type=int, nargs='+', help='these seeds only (of each cell\'s)')
     parser.add_argument('--commit', action='store_true', help='commit each finished run\'s records as it lands')
+    parser.add_argument('--halting', choices=sorted(CELLS), metavar='CELL',
+                        help='measure the confidence exit on every finished seed of CELL instead of training')
     args = parser.parse_args(argv)
+    if args.halting:
+        cell = CELLS[args.halting]
+        messages = [measure_halting(cell, seed, args.out, args.commit) for seed in (args.seeds or cell.seeds)]
+        print('\n'.join(messages))
+        return 1 if any(m.startswith('FAILED') for m in messages) else 0
     cells = [CELLS[name] for name in args.only] if args.only else list(CELLS.values())
     if args.seeds:
         cells = [cell._replace(seeds=tuple(s for s in cell.seeds if s in args.seeds)) for cell in cells]
