@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from tools.generated_markdown import markdown_table, pct
 from timm_recursive.analysis.recursion_interventions import comparison_table
-from timm_recursive.analysis.intervals import paired_gain
+from timm_recursive.analysis.intervals import difference_interval, format_interval, mean_interval, paired_gain
 from timm_recursive.layers.sparse_attention import sparse_attention_sparsity
 
 RECIPE_ROOT = 'ablations'  # the 6,000-image, 4-epoch recipe of ablations.sh
@@ -88,7 +88,7 @@ def run_rows(results: pathlib.Path, specs: Sequence[tuple], format_row: Callable
 
 
 def variant_tables(results: pathlib.Path, missing: Missing) -> Tuple[str, str]:
-    rows, curves = [], {}
+    rows, curves, finals_by_variant = [], {}, {}
     for key, label in VARIANTS:
         runs = {}
         for seed in SEEDS:
@@ -103,10 +103,15 @@ def variant_tables(results: pathlib.Path, missing: Missing) -> Tuple[str, str]:
         curve = [statistics.mean(v) for v in zip(*(r['per_step'] for r in runs.values()))]
         curves[label] = curve
         spread = _mean_std(finals)
+        finals_by_variant[label] = finals
+        gain = mean_interval([r['per_step'][-1] - r['per_step'][0] for r in runs.values()])
         rows.append([label, spread, ', '.join(f'{runs[s]["per_step"][-1]:.2f} (seed {s})' for s in sorted(runs)),
-                     f'{curve[0]:.2f}', f'{curve[-1] - curve[0]:+.2f}'])
+                     f'{curve[0]:.2f}', format_interval(*gain, signed=True),
+                     '—' if label == 'SA-MLP' or 'SA-MLP' not in finals_by_variant else format_interval(
+                         *difference_interval(finals, finals_by_variant['SA-MLP']), signed=True)])
     summary = markdown_table(['variant', 'final-step top-1 (%), mean ± std', 'per seed', 'step-1 top-1 (%), mean',
-                              'gain step 1 -> 16 (points)'], rows)
+                              'gain step 1 -> 16 (points, 95% interval over seeds)',
+                              'minus SA-MLP, final step (points, Welch 95%)'], rows)
     steps = max(len(c) for c in curves.values())
     per_step = markdown_table(['variant (mean over its seeds)'] + [f't={t}' for t in range(1, steps + 1)],
                               [[label] + [f'{a:.2f}' for a in curve] for label, curve in curves.items()])
@@ -129,7 +134,7 @@ def _mean_std(values: Sequence[float]) -> str:
 def sparsity_table(results: pathlib.Path, specs, column: str, table: str, missing: Missing) -> str:
     """One row per configuration ``(name, label, num_steps, topk)``: its final-step and step-1 top-1 over the
     seeds kept (mean ± standard deviation), the seeds, and DSA's analytic mean sparsity."""
-    rows = []
+    rows, reference = [], None
     for name, label, num_steps, topk in specs:
         runs = {}
         for seed, run_name in seed_names(name):
@@ -139,11 +144,19 @@ def sparsity_table(results: pathlib.Path, specs, column: str, table: str, missin
             else:
                 runs[seed] = run
         if runs:
-            rows.append([label, _mean_std([r['per_step'][-1] for r in runs.values()]),
-                         _mean_std([r['per_step'][0] for r in runs.values()]),
-                         ', '.join(str(seed) for seed in sorted(runs)), f'{100 * mean_sparsity(num_steps, topk):.1f}'])
+            finals = [r['per_step'][-1] for r in runs.values()]
+            rows.append([label, _mean_std(finals), _mean_std([r['per_step'][0] for r in runs.values()]),
+                         ', '.join(str(seed) for seed in sorted(runs)), f'{100 * mean_sparsity(num_steps, topk):.1f}',
+                         finals])
+            if name == REFERENCE:
+                reference = finals
+    for row in rows:  # the last column: each configuration's final step minus the reference's, over seeds
+        finals = row.pop()
+        row.append('—' if reference is None or finals is reference
+                   else format_interval(*difference_interval(finals, reference), signed=True))
     return markdown_table([column, 'final-step top-1 (%), mean ± std', 'step-1 top-1 (%), mean ± std', 'seeds',
-                           'mean DSA sparsity (%), analytic'], rows)
+                           'mean DSA sparsity (%), analytic', 'minus the reference (k = 6, 16 steps), final step '
+                           '(points, Welch 95%)'], rows)
 
 
 def gradient_table(results: pathlib.Path, missing: Missing) -> str:
