@@ -32,8 +32,12 @@ def test_variant_table_takes_mean_and_std_over_kept_seeds_and_lists_the_rest(tmp
     summary, per_step = tables.variant_tables(tmp_path, missing)
     mean, std = statistics.mean(finals.values()), statistics.stdev(finals.values())
     assert f'| DSA-MoE | {mean:.2f} ± {std:.2f} |' in summary
-    assert '| +1.00 |' in summary  # gain from step 1 to step 16
-    assert 'SA-MLP' not in summary and '| DSA-MoE | 80.33 |' in per_step
+    assert '| +1.00 (+1.00 to +1.00) | — |' in summary  # gain from step 1 to 16 (every seed's the same); no SA-MLP
+    for seed, final in {0: 79.0, 1: 80.0, 2: 80.5}.items():
+        _write_summary(tmp_path, f'sa_mlp/seed{seed}', seed, [final] * 16)
+    summary, _ = tables.variant_tables(tmp_path, [])
+    assert '| +1.50 (-1.67 to +4.67) |' in summary  # DSA-MoE minus SA-MLP, Welch's interval
+    assert '| DSA-MoE | 80.33 |' in per_step
     listed = tables.not_reproducible(missing)
     assert '(`sa_mlp/seed0`)' in listed and '(`sa_moe/seed2`)' in listed and 'dsa_moe/seed1' not in listed
 
