@@ -38,8 +38,8 @@ from .entmax_kernel import kernel_mode
 from .graph_capture import is_graph_capture
 from .entmax_ops import entmax
 
-__all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax', 'adasplash_kernel', 'uses_adasplash', 'adasplash_attention',
-           'ADASPLASH_HEAD_DIMS']
+__all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax', 'adasplash_kernel', 'uses_adasplash',
+           'adasplash_attention', 'ADASPLASH_HEAD_DIMS']
 
 ADASPLASH_HEAD_DIMS = (16, 32, 64, 128, 256)  # the head sizes adasplash_v1's kernels are written for
 
