@@ -60,7 +60,7 @@ def adasplash_kernel() -> Optional[Callable]:
     except ImportError:
         return None
     # adasplash_v1 lets compute_bidxs_and_cubcounts allocate two index tensors on its default device='cuda':
-    # on the device of the block mask it indexes instead (the CPU under Triton's interpreter, the right GPU of several)
+    # on the device of the block mask they index instead (the CPU, under Triton's interpreter)
     allocate = adasplash_block_mask.compute_bidxs_and_cubcounts
 
     @functools.wraps(allocate)
@@ -82,8 +82,10 @@ def uses_adasplash(q: torch.Tensor) -> bool:
     """Whether the entmax layers send ``q``'s (B, heads, N, head_dim) attention to adasplash's kernel (the rule they
     dispatch by): on CUDA, or on any device with ``TIMM_RECURSIVE_ENTMAX_KERNEL=adasplash``, for the head sizes
     it supports (others: the exact solver, with one warning a size)."""
+    if is_graph_capture():
+        return False
     mode = kernel_mode()
-    if mode == 'python' or is_graph_capture() or not (q.is_cuda or mode == 'adasplash'):
+    if mode == 'python' or not (q.is_cuda or mode == 'adasplash'):
         return False
     if adasplash_kernel() is None:
         if mode == 'adasplash':
