@@ -144,6 +144,8 @@ def test_forced_on_cpu_without_interpreter_is_one_clear_error(monkeypatch):
     pytest.importorskip('adasplash')
     monkeypatch.setenv('TIMM_RECURSIVE_ENTMAX_KERNEL', 'adasplash')
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    # imported afresh, without the variable, even where an earlier test of this process had the interpreter
+    monkeypatch.delitem(sys.modules, 'adasplash.adasplash_block_mask', raising=False)
     with pytest.raises(RuntimeError, match="only under Triton's interpreter: set TRITON_INTERPRET=1") as error:
         EntmaxAttention(64, num_heads=2).eval()(torch.randn(1, 17, 64))
     assert '\n' not in str(error.value)

@@ -96,8 +96,10 @@ def uses_adasplash(q: torch.Tensor) -> bool:
         _note_exact_solver(q.shape[-1])
         return False
     if q.device.type == 'cpu':
-        import triton
-        if not triton.knobs.runtime.interpret:
+        # Triton reads TRITON_INTERPRET as it decorates a kernel: when adasplash's module was imported
+        from adasplash.adasplash_block_mask import _get_tau
+        from triton.runtime.interpreter import InterpretedFunction
+        if not isinstance(_get_tau, InterpretedFunction):
             raise RuntimeError("adasplash's Triton kernels run on CPU only under Triton's interpreter: set "
                                "TRITON_INTERPRET=1 before Python starts, or TIMM_RECURSIVE_ENTMAX_KERNEL=auto")
     return True
