@@ -3,7 +3,8 @@
 On CUDA with adasplash installed, entmax attention runs ``adasplash_v1`` (``layers/entmax_attention.py``). Here
 the same kernels run, forced with ``TIMM_RECURSIVE_ENTMAX_KERNEL=adasplash``, against the CPU solver (our
 compiled entmax-1.5 row kernel on the explicit scores) at a ViT's lengths with [CLS] (197 = 14 x 14 + 1, 50 =
-7 x 7 + 1), forward and the q/k/v gradients, within 1e-5.
+7 x 7 + 1), forward and the q/k/v gradients, within 1e-5; and a 2-block vit_tiny_entmax whose fused attention
+(the kernel) matches its unfused one (the CPU solver) in logits and parameter gradients.
 
 Triton reads ``TRITON_INTERPRET`` when ``@triton.jit`` decorates a function: its own ``triton.language`` helpers
 when triton is first imported, adasplash's kernels when their module is. In a pytest process triton may be
@@ -11,8 +12,8 @@ imported long before a test runs (torch.compile's tests; any test earlier in an 
 variable there would turn every later Triton kernel of the process into interpreted code. So each case runs in
 a fresh Python (this file as a script, ``helpers.INTERPRETED_KERNELS``' environment), which also makes
 ``TRITON_INTERPRET=1 pytest -m gpu_kernel`` and a plain ``pytest`` the same. The interpreter runs a kernel's
-programs one by one in NumPy: a head at N = 197 takes about 10 s, N = 50 a second or two, beside the
-subprocess's imports.
+programs one by one in NumPy: forward and backward of a head at N = 197 take about 4 s on a CPU core, N = 50 a
+second or two, beside the subprocess's imports (about 5 s): each case is marked slow.
 """
 import json
 import subprocess
@@ -73,8 +74,10 @@ def attention_case(batch: int, heads: int, length: int, head_dim: int) -> dict:
     return {'max_errors': errors, 'block_mask_shapes': mask_shapes, 'kernel_seconds': seconds}
 
 
-def layer_case() -> dict:
-    """An entmax ViT's attention layer (N = 17: 4 x 4 patches and [CLS]; head_dim 32), fused against unfused."""
+def model_case() -> dict:
+    """vit_tiny_entmax (2 blocks; 64 px: 4 x 4 patches and [CLS], N = 17; head_dim 64), its fused attention (the
+    kernel) against its unfused one (the CPU solver): the logits and every parameter's gradient."""
+    import timm
     calls = []
     kernel = entmax_attention.adasplash_kernel()
 
@@ -84,13 +87,22 @@ def layer_case() -> dict:
 
     entmax_attention.adasplash_kernel = lambda: counted
     torch.manual_seed(0)
-    attn = EntmaxAttention(64, num_heads=2).eval()
-    x = torch.randn(2, 17, 64)
-    with torch.no_grad():
-        fused = attn(x)
-        attn.fused_attn = False
-        unfused = attn(x)
-    return {'kernel_calls': calls, 'max_error': float((fused - unfused).abs().max())}
+    model = timm.create_model('vit_tiny_entmax', img_size=64, depth=2).eval()
+    x, d_logits = torch.randn(2, 3, 64, 64), torch.randn(2, 1000)
+
+    def logits_and_grads(fused: bool):
+        for module in model.modules():
+            if isinstance(module, EntmaxAttention):
+                module.fused_attn = fused
+        model.zero_grad()
+        logits = model(x)
+        logits.backward(d_logits)
+        return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    (fused, fused_grads), (unfused, unfused_grads) = logits_and_grads(True), logits_and_grads(False)
+    return {'kernel_calls': calls, 'logits_max_error': float((fused - unfused).abs().max()),
+            'grad_max_error': max(float((fused_grads[n] - unfused_grads[n]).abs().max()) for n in fused_grads),
+            'grad_max': max(float(g.abs().max()) for g in unfused_grads.values())}
 
 
 # the tests
@@ -119,9 +131,11 @@ def test_adasplash_at_short_length_matches_cpu_solver(head_dim):
 
 
 @pytest.mark.slow
-def test_entmax_vit_attention_runs_adasplash_when_forced():
-    result = interpreted('layer')
-    assert result['kernel_calls'] == [[2, 2, 17, 32]] and result['max_error'] < 1e-5, result
+def test_entmax_vit_runs_adasplash_when_forced_and_matches_cpu_solver():
+    result = interpreted('model')
+    assert result['kernel_calls'] == [[2, 3, 17, 64]] * 2, result  # each block's attention
+    # the gradients reach 86 (the patch embedding's): within 1e-5 of the largest
+    assert result['logits_max_error'] < 1e-5 and result['grad_max_error'] < 1e-5 * result['grad_max'], result
 
 
 def test_unsupported_head_dim_runs_exact_solver_with_one_warning(monkeypatch):
@@ -164,5 +178,5 @@ if __name__ == '__main__':
     # the interpreter evaluates both sides of the kernels' masked log2 in NumPy
     warnings.filterwarnings('ignore', category=RuntimeWarning, module='triton')
     name, *arguments = sys.argv[1:]
-    case = {'attention': attention_case, 'layer': layer_case}[name]
+    case = {'attention': attention_case, 'model': model_case}[name]
     print(json.dumps(case(*map(int, arguments))))
