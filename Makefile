@@ -24,7 +24,7 @@ help:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[train,analysis,dev]'
+	$(PY) -m pip install --quiet -e '.[train,analysis,dev,adasplash]'
 	touch $@
 
 install: $(STAMP)

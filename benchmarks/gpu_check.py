@@ -4,6 +4,9 @@ of ``benchmarks/`` at fp32 and bf16, on one device, into one JSON.
 
     HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python benchmarks/gpu_check.py --device cuda --output runs/gpu_check.json
     python benchmarks/gpu_check.py --device cpu --quick --output runs/gpu_check_cpu.json   # the test's run
+    # adasplash's Triton kernels on CPU, under Triton's interpreter (tests/test_gpu_check.py)
+    TRITON_INTERPRET=1 TIMM_RECURSIVE_ENTMAX_KERNEL=adasplash python benchmarks/gpu_check.py --device cpu --quick \
+        --parts 'exactness adasplash' --output runs/gpu_check_adasplash_cpu.json
 
 Made to get everything it can out of one short loan of a GPU with no network (no download: the models
 are built from scratch and the training data are scikit-learn's digits). The parts, in this order:
@@ -13,8 +16,10 @@ are built from scratch and the training data are scikit-learn's digits). The par
   a random loss), on the device: within 1e-6 in float64; in float32, where both answers are rounded
   (the package's own is ~5e-7 off its float64 one), within 1e-5, the tolerance of ``tests/test_entmax.py``;
 * ``exactness adasplash``: adasplash's fused kernel (what ``vit_*_entmax`` runs on CUDA when it is
-  installed) against the package's entmax15 attention in float64, output and q/k/v gradients, within
-  adasplash's own test tolerances (1e-4 and 1e-2: its float32 dots may run in TF32);
+  installed) at ViT-S/16's length with [CLS], 197, against the package's entmax15 attention in float64,
+  output and q/k/v gradients, within adasplash's own test tolerances (1e-4 and 1e-2: its float32 dots may
+  run in TF32); on CPU only with ``TIMM_RECURSIVE_ENTMAX_KERNEL=adasplash`` and ``TRITON_INTERPRET=1``
+  (one head in ``--quick``: the interpreter takes seconds a head);
 * ``train <family>``: ``timm_recursive.cli.train.main`` (``train_scripts/train.py``, through
   Accelerate) for one epoch on digits into a temporary folder, in bf16 mixed precision when bf16 is
   among ``--precisions``; it passes with a finite loss on the asked device;
@@ -152,9 +157,10 @@ def check_adasplash(device: torch.device, quick: bool) -> dict:
         raise Skipped('adasplash not installed')
     reference = _package_entmax15()
     torch.manual_seed(0)
-    q, k, v = (torch.randn(1 if quick else 8, 6, 197, 64, device=device) for _ in range(3))
+    q, k, v = (torch.randn(1 if quick else 8, 1 if quick else 6, 197, 64, device=device) for _ in range(3))
     if not entmax_attention.uses_adasplash(q):  # the rule the entmax layers dispatch by
-        raise Skipped(f'the entmax layers do not run adasplash on {device} (CUDA only, and not with '
+        raise Skipped(f'the entmax layers do not run adasplash on {device} (CUDA only, unless '
+                      'TIMM_RECURSIVE_ENTMAX_KERNEL=adasplash with TRITON_INTERPRET=1; and not with '
                       'TIMM_RECURSIVE_ENTMAX_KERNEL=python)')
     d_out = torch.randn_like(q)
 

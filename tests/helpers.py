@@ -1,10 +1,15 @@
 """Shared by the tests: the command-line commands as modules, a training run of a few seconds, the check
-that bad input is one error line, and a Hub checkpoint laid into an offline cache."""
+that bad input is one error line, a Hub checkpoint laid into an offline cache, and the environment that runs
+the CUDA path's Triton kernels on CPU."""
 import importlib
 import json
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# the environment of a fresh Python whose entmax attention runs adasplash's Triton kernels on CPU, under Triton's
+# interpreter (tests/test_gpu_kernels.py says why not in the test's own process)
+INTERPRETED_KERNELS = {**os.environ, 'TRITON_INTERPRET': '1', 'TIMM_RECURSIVE_ENTMAX_KERNEL': 'adasplash'}
 
 # a few seconds per run: 64 digits, 3 recursion steps, batch 16
 TINY_RUN = ['--model', 'recursive_dsa_moe_tiny', '--dataset', 'digits', '--model-kwargs', 'num_steps=3', 'topk=2',

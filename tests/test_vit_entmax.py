@@ -144,8 +144,8 @@ def test_cuda_runs_adasplash_kernel_when_installed(monkeypatch):
     from timm_recursive.layers.entmax_ops import entmax15
     calls = []
 
-    def fake_adasplash(q, k, v, alpha, is_causal):
-        calls.append((alpha, is_causal, q.is_contiguous() and k.is_contiguous() and v.is_contiguous()))
+    def fake_adasplash(q, k, v, alpha, is_causal, varlen):
+        calls.append((alpha, is_causal, q.is_contiguous() and k.is_contiguous() and v.is_contiguous(), varlen.tolist()))
         return entmax15((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)) @ v
 
     monkeypatch.setattr(entmax_attention, 'adasplash_kernel', lambda: fake_adasplash)
@@ -155,7 +155,7 @@ def test_cuda_runs_adasplash_kernel_when_installed(monkeypatch):
     x = torch.randn(2, 9, 64)
     with torch.no_grad():
         fused = attn(x)
-        assert calls == [(1.5, False, True)]
+        assert calls == [(1.5, False, True, [9, 9, 64])]  # each sequence's length, and the buffers' (a multiple of 64)
         attn.fused_attn = False  # the probabilities are wanted: the unfused path
         unfused = attn(x)
     assert len(calls) == 1

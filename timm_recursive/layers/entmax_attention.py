@@ -11,14 +11,20 @@ state dict of a timm ViT loads into it; ``alpha=1`` is softmax, and ``alpha`` in
 attention maps (1.5: entmax-1.5, 2: sparsemax) with no new parameters.
 
 Kernels follow timm's ``fused_attn`` switch. With it on (timm's default), softmax runs through SDPA
-and, on CUDA when the optional ``adasplash`` package is installed, entmax through its fused Triton
-kernel (AdaSplash, Gonçalves, Treviso & Martins, 2025, "AdaSplash: Adaptive Sparse Flash
-Attention"; no mask, no attention dropout, timm's default scale; ``TIMM_RECURSIVE_ENTMAX_KERNEL=python``
-turns it off). Otherwise the layer materialises the probabilities and passes them through
-``attn_drop``, where a forward hook reads them (B, heads, N, N), as timm's ``AttentionExtract`` does:
-set ``fused_attn = False`` to observe them (the convention of ``timm_recursive.layers``).
+and, on CUDA when the optional ``adasplash`` package is installed (``pip install
+'timm-recursive[adasplash]'``), entmax through its fused Triton kernel (AdaSplash, Gonçalves, Treviso &
+Martins, 2025, "AdaSplash: Adaptive Sparse Flash Attention"; no mask, no attention dropout, timm's
+default scale, head sizes 16, 32, 64, 128 or 256: others run the exact solver, with one warning), at any
+sequence length (each sequence's length is passed to it: the [CLS] token's N = patches + 1 is no power
+of two). ``TIMM_RECURSIVE_ENTMAX_KERNEL=python`` turns it off; ``=adasplash`` uses it on every device,
+CPU included, where Triton runs its kernels only under its interpreter (``TRITON_INTERPRET=1`` set
+before Python starts; slow, for testing the GPU path). Otherwise the layer materialises the
+probabilities and passes them through ``attn_drop``, where a forward hook reads them (B, heads, N, N),
+as timm's ``AttentionExtract`` does: set ``fused_attn = False`` to observe them (the convention of
+``timm_recursive.layers``).
 """
 import functools
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -32,7 +38,10 @@ from .entmax_kernel import kernel_mode
 from .graph_capture import is_graph_capture
 from .entmax_ops import entmax
 
-__all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax', 'adasplash_kernel', 'uses_adasplash', 'adasplash_attention']
+__all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax', 'adasplash_kernel', 'uses_adasplash',
+           'adasplash_attention', 'ADASPLASH_HEAD_DIMS']
+
+ADASPLASH_HEAD_DIMS = (16, 32, 64, 128, 256)  # the head sizes adasplash_v1's kernels are written for
 
 
 @register_notrace_function  # an autograd.Function inside: a leaf for FX
@@ -44,26 +53,71 @@ def attention_probs(scores: torch.Tensor, alpha: float) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=None)
 def adasplash_kernel() -> Optional[Callable]:
-    """adasplash's non-causal entmax attention function, or None when the package is not installed."""
+    """adasplash's non-causal entmax attention function (``adasplash_v1``, 0.2+), or None when it is not installed."""
     try:
         import adasplash
+        from adasplash import adasplash_block_mask
     except ImportError:
         return None
-    # adasplash_v1 (0.2+) / adasplash (0.1) is the non-causal kernel for any alpha; scale 1/sqrt(head_dim)
-    return getattr(adasplash, 'adasplash_v1', None) or getattr(adasplash, 'adasplash', None)
+    # adasplash_v1 lets compute_bidxs_and_cubcounts allocate two index tensors on its default device='cuda':
+    # on the device of the block mask they index instead (the CPU, under Triton's interpreter)
+    allocate = adasplash_block_mask.compute_bidxs_and_cubcounts
+
+    @functools.wraps(allocate)
+    def on_mask_device(bmask, *args, **kwargs):
+        return allocate(bmask, *args, **{**kwargs, 'device': bmask.device})
+
+    adasplash_block_mask.compute_bidxs_and_cubcounts = on_mask_device
+    return adasplash.adasplash_v1  # any alpha in (1, 2], scale 1/sqrt(head_dim)
+
+
+@functools.lru_cache(maxsize=None)
+def _note_exact_solver(head_dim: int) -> None:
+    warnings.warn(f'adasplash has no kernel for head_dim {head_dim} (only {ADASPLASH_HEAD_DIMS}): entmax attention '
+                  'runs the exact PyTorch solver', RuntimeWarning)
 
 
 @torch.jit.ignore
 def uses_adasplash(q: torch.Tensor) -> bool:
-    """Whether the entmax layers send ``q``'s attention to adasplash's kernel (the rule they dispatch by)."""
-    return q.is_cuda and kernel_mode() != 'python' and not is_graph_capture() and adasplash_kernel() is not None
+    """Whether the entmax layers send ``q``'s (B, heads, N, head_dim) attention to adasplash's kernel (the rule they
+    dispatch by): on CUDA, or on any device with ``TIMM_RECURSIVE_ENTMAX_KERNEL=adasplash``, for the head sizes
+    it supports (others: the exact solver, with one warning a size)."""
+    if is_graph_capture():
+        return False
+    mode = kernel_mode()
+    if mode == 'python' or not (q.is_cuda or mode == 'adasplash'):
+        return False
+    if adasplash_kernel() is None:
+        if mode == 'adasplash':
+            raise RuntimeError("TIMM_RECURSIVE_ENTMAX_KERNEL=adasplash needs adasplash>=0.2.2: "
+                               "pip install 'timm-recursive[adasplash]'")
+        return False
+    if q.shape[-1] not in ADASPLASH_HEAD_DIMS:
+        _note_exact_solver(q.shape[-1])
+        return False
+    if q.device.type == 'cpu':
+        # Triton reads TRITON_INTERPRET as it decorates a kernel: when adasplash's module was imported
+        from adasplash.adasplash_block_mask import _get_tau
+        from triton.runtime.interpreter import InterpretedFunction
+        if not isinstance(_get_tau, InterpretedFunction):
+            raise RuntimeError("adasplash's Triton kernels run on CPU only under Triton's interpreter: set "
+                               "TRITON_INTERPRET=1 before Python starts, or TIMM_RECURSIVE_ENTMAX_KERNEL=auto")
+    return True
 
 
 @register_notrace_function
 @torch.jit.ignore
 def adasplash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: float) -> torch.Tensor:
-    """alpha-entmax attention of (B, heads, N, head_dim) q, k, v by adasplash's fused Triton kernel."""
-    return adasplash_kernel()(q.contiguous(), k.contiguous(), v.contiguous(), alpha=alpha, is_causal=False)
+    """alpha-entmax attention of (B, heads, N, head_dim) q, k, v by adasplash's fused Triton kernel, at any N."""
+    B, _, N, _ = q.shape
+    # Without each sequence's length (varlen) the kernel takes only power-of-two N. Given them, it sizes its buffers
+    # by the longest, and writes its block mask (a flag a 16 queries) four flags a 64-query block, past each row's
+    # end unless that length is a multiple of 64: one more length, read by no sequence (the kernels read the
+    # first B), rounds the buffers up to one. The inputs are read and written masked to each sequence's length.
+    lengths = torch.full((B + 1,), N, dtype=torch.int32, device=q.device)
+    lengths[-1] = -(-N // 64) * 64
+    return adasplash_kernel()(q.contiguous(), k.contiguous(), v.contiguous(), alpha=alpha, is_causal=False,
+                              varlen=lengths)
 
 
 class EntmaxAttention(ProjectedAttention):

@@ -8,7 +8,8 @@ float32 CPU tensors. ``torch.utils.cpp_extension`` compiles it with the system C
 
 ``TIMM_RECURSIVE_ENTMAX_KERNEL`` chooses: ``auto`` (default: build it, and fall back to the
 tensor-level solver with one warning when it cannot be built), ``cpp`` (build errors are raised),
-``python`` (never build it).
+``python`` (never build it, nor use adasplash's CUDA kernel), ``adasplash`` (as ``auto`` here; the
+attention layers run adasplash's Triton kernel on every device: ``layers/entmax_attention.py``).
 """
 import logging
 import os
@@ -25,13 +26,13 @@ __all__ = ['cpu_kernel', 'kernel_mode']
 
 _LOGGER = logging.getLogger(__name__)
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc', 'entmax15_cpu.cpp')
-_MODES = ('auto', 'cpp', 'python')
+_MODES = ('auto', 'cpp', 'python', 'adasplash')
 _lock = threading.Lock()
 _loaded: dict = {}  # mode -> the extension module, or None when it could not be built
 
 
 def kernel_mode() -> str:
-    """The ``TIMM_RECURSIVE_ENTMAX_KERNEL`` setting (``auto``, ``cpp`` or ``python``)."""
+    """The ``TIMM_RECURSIVE_ENTMAX_KERNEL`` setting (``auto``, ``cpp``, ``python`` or ``adasplash``)."""
     mode = os.environ.get('TIMM_RECURSIVE_ENTMAX_KERNEL', 'auto').strip().lower()
     if mode not in _MODES:
         raise ValueError(f'TIMM_RECURSIVE_ENTMAX_KERNEL must be one of {_MODES}, got {mode!r}')
@@ -59,6 +60,8 @@ def cpu_kernel() -> Optional[ModuleType]:
     mode = kernel_mode()
     if mode == 'python':
         return None
+    if mode == 'adasplash':  # the attention layers' choice; this kernel is built as with auto
+        mode = 'auto'
     if mode not in _loaded:
         with _lock:
             if mode not in _loaded:
