@@ -81,7 +81,7 @@ from timm_recursive.runs.checkpoint import (
     store_weights_as_timm,
 )
 from timm_recursive.runs.export import export_model
-from timm_recursive.runs.files import write_json_atomic
+from timm_recursive.runs.files import DestinationError, write_json_atomic
 from timm_recursive.runs.provenance import provenance, typed_command
 from timm_recursive.train.evaluate import evaluate_steps
 from timm_recursive.train.losses import (
@@ -754,7 +754,7 @@ def main(argv=None) -> int:
             if summary.get('interrupted'):
                 return 130
             summaries.append(summary)
-    except (DatasetError, CheckpointError) as e:
+    except (DatasetError, CheckpointError, DestinationError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     from accelerate import PartialState

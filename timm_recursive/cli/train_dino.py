@@ -53,6 +53,7 @@ from timm_recursive.data import (
     to_pil,
 )
 from timm_recursive.runs import (
+    DestinationError,
     check_input_size,
     create_classifier,
     run_dir_for,
@@ -326,7 +327,7 @@ def main(argv=None) -> int:
     try:
         args.output = run_dir_for(args.output, args.resume)
         summary = train(args, argv)
-    except (DatasetError, CheckpointError, RecipeError) as e:
+    except (DatasetError, CheckpointError, RecipeError, DestinationError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     if summary.get('interrupted'):

@@ -3,6 +3,8 @@ import logging
 import os
 from typing import Optional
 
+from .files import check_folder_path
+
 __all__ = ['run_dir_for']
 
 _logger = logging.getLogger(__name__)
@@ -11,7 +13,9 @@ _logger = logging.getLogger(__name__)
 def run_dir_for(output: str, resume: Optional[str]) -> str:
     """``output``, or when it already holds files and this is no ``--resume``, the next free ``output-N``
     (timm's ``get_outdir(inc=True)``): a second run never overwrites the first. Every process gets the
-    main process's answer."""
+    main process's answer. An ``output`` that cannot be a folder (a file, or below one) is a ``DestinationError``
+    now, before any data or model loads."""
+    check_folder_path(output, '--output')
     from accelerate import PartialState
     from accelerate.utils import broadcast_object_list, parse_flag_from_env
     from timm.utils import get_outdir
