@@ -129,8 +129,10 @@ def _interrupt_after(monkeypatch, calls):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('stop_at_step', [2, 4])  # 4 steps per epoch: mid-epoch and at the epoch's end
-def test_resume_after_sigterm_reaches_the_uninterrupted_weights(tmp_path, monkeypatch, stop_at_step):
+# 4 steps per epoch: mid-epoch 1, at epoch 1's end, mid-epoch 2; the state is named after the epoch it was in
+@pytest.mark.parametrize('stop_at_step,state_name', [(2, 'epoch0001_step000002'), (4, 'epoch0001'),
+                                                     (7, 'epoch0002_step000003')])
+def test_resume_after_sigterm_reaches_the_uninterrupted_weights(tmp_path, monkeypatch, stop_at_step, state_name):
     args = TINY_RUN + ['--epochs', '2', '--mixup', '0.2', '--drop-path', '0.1']
     full = str(tmp_path / 'full')
     assert train_script.main(args + ['--output', full]) == 0
@@ -140,7 +142,8 @@ def test_resume_after_sigterm_reaches_the_uninterrupted_weights(tmp_path, monkey
         _interrupt_after(m, stop_at_step)
         assert train_script.main(args + ['--output', resumed]) == 130
     state = find_last_state(os.path.join(resumed, 'checkpoints'))
-    assert state is not None and not os.path.exists(os.path.join(resumed, 'summary.json'))
+    assert state == os.path.join(resumed, 'checkpoints', state_name)
+    assert not os.path.exists(os.path.join(resumed, 'summary.json'))
     assert train_script.main(args + ['--output', resumed, '--resume']) == 0
 
     a, b = _state_weights(full, 'epoch0002'), _state_weights(resumed, 'epoch0002')
