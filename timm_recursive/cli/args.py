@@ -2,6 +2,7 @@
 (``add_run_arguments``), a dataset (``add_data_arguments``), YAML option files (``parse_args_with_config``) and
 the ``argparse`` types that refuse an out-of-range number with a usage error."""
 import argparse
+import copy
 from typing import Optional
 
 from timm.utils import ParseKwargs
@@ -23,15 +24,25 @@ __all__ = [
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """argparse's ``ArgumentDefaultsHelpFormatter`` that says each default once: not after a help text that
-    states its default itself (``default: the model's``), nor for an option that is off or unset by default
-    (``None``, ``False``, empty), where ``(default: None)`` would say nothing."""
+    """argparse's ``ArgumentDefaultsHelpFormatter`` that says each option's default once: not after a help text
+    that states its default itself (``default: the model's``), nor for an option that is off or unset by default
+    (``None``, ``False``, empty), where ``(default: None)`` would say nothing; an option without a help text
+    shows its default alone (``default: 20``), where argparse shows nothing."""
+
+    @staticmethod
+    def _says_nothing(default) -> bool:
+        return (default is None or default is False or default is argparse.SUPPRESS
+                or (isinstance(default, (str, list, tuple, dict)) and not default))
+
+    def _format_action(self, action):
+        if action.help is None and action.option_strings and not self._says_nothing(action.default):
+            action = copy.copy(action)
+            action.help = 'default: %(default)s'
+        return super()._format_action(action)
 
     def _get_help_string(self, action):
         text = action.help or ''
-        default = action.default
-        if 'default' in text or default is None or default is False or default == '' or default == {} \
-                or default == argparse.SUPPRESS:
+        if 'default' in text or self._says_nothing(action.default):
             return text
         return super()._get_help_string(action)
 

@@ -50,6 +50,7 @@ from torch.utils.data import DataLoader
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.cli.args import (
     DATASET_HELP,
+    HelpFormatter,
     ModelKwargs,
     add_data_arguments,
     add_run_arguments,
@@ -121,7 +122,7 @@ def missing_trackers(names) -> list:
 
 def parse_args(argv=None):
     # allow_abbrev=False: a prefix of an option is an error, never silently another option
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter,
                                 allow_abbrev=False)
     g = p.add_argument_group('model')
     g.add_argument('--model', default='recursive_dsa_moe_tiny', help='registered model name, optionally with a .tag')

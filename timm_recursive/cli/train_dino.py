@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.cli.args import (
     DATASET_HELP,
+    HelpFormatter,
     ModelKwargs,
     add_data_arguments,
     add_run_arguments,
@@ -94,7 +95,7 @@ PRESETS = {
 
 def parse_args(argv=None):
     # allow_abbrev=False: a prefix of an option is an error, never silently another option
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter,
                                 allow_abbrev=False)
     p.add_argument('--preset', default='dino_vits16', choices=sorted(PRESETS),
                    help='default values of the flags below (flags given explicitly win)')
