@@ -208,6 +208,18 @@ def test_load_weights_errors_name_the_file_and_the_problem(tmp_path, problem, me
         load_weights(model, path)
 
 
+@pytest.mark.parametrize('num_steps', [1, 3])
+def test_the_per_step_table_is_printed_for_recursive_models_only(num_steps):
+    per_step = [50. + t for t in range(num_steps)]
+    final = {'eval_top1': per_step[-1], 'eval_top5': 90., 'eval_top1_per_step': per_step,
+             'train_images_per_s': 100., 'eval_images_per_s': 200.}
+    summary = {'seed': 0, 'final': final, 'test': {'exported': {'epoch': 1, 'top1': per_step[-1]}},
+               'wall_time_s': 60., 'selection_split': 'train holdout 10%', 'eval_split': 'test', 'export_dir': 'm'}
+    text = train_script.report([summary], num_steps)
+    assert ('per recursion step' in text) == (num_steps > 1)
+    assert 'seed 0: last epoch top-1' in text
+
+
 def test_evaluate_reports_a_bad_checkpoint(tmp_path, capsys):
     bad = tmp_path / 'broken.safetensors'
     bad.write_bytes(b'not a checkpoint')

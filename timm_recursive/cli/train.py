@@ -727,8 +727,12 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
 
 
 def report(summaries, num_steps: int) -> str:
-    rows = [(f'seed {s["seed"]} final', s['final']['eval_top1_per_step']) for s in summaries]
-    text = ['Eval top-1 (%) per recursion step, last epoch:', format_summary(rows, num_steps)]
+    """The end-of-training report: the per-recursion-step table (recursive models only: any other model answers
+    once, ``num_steps`` 1), the mean and std over seeds, and a line per seed."""
+    text = []
+    if num_steps > 1:
+        rows = [(f'seed {s["seed"]} final', s['final']['eval_top1_per_step']) for s in summaries]
+        text += ['Eval top-1 (%) per recursion step, last epoch:', format_summary(rows, num_steps)]
     finals = [s['final']['eval_top1'] for s in summaries]
     if len(finals) > 1:
         text.append(f'final-step top-1 over {len(finals)} seeds: mean {statistics.mean(finals):.2f}%, '
