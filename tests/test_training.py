@@ -220,6 +220,15 @@ def test_the_per_step_table_is_printed_for_recursive_models_only(num_steps):
     assert 'seed 0: last epoch top-1' in text
 
 
+@pytest.mark.slow
+def test_evaluate_takes_no_progress_and_makes_the_results_files_folder(tmp_path, capsys):
+    results = tmp_path / 'new' / 'result.json'
+    assert evaluate_script.main(['--model', 'resnet10t', '--dataset', 'digits', '--max-eval-samples', '8',
+                                 '--no-progress', '--results-file', str(results)]) == 0
+    assert json.load(open(results))['images'] == 8 and os.listdir(results.parent) == ['result.json']
+    assert '\r' not in capsys.readouterr().err  # no progress bar
+
+
 def test_evaluate_reports_a_bad_checkpoint(tmp_path, capsys):
     bad = tmp_path / 'broken.safetensors'
     bad.write_bytes(b'not a checkpoint')
