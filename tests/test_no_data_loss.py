@@ -100,3 +100,13 @@ def test_a_failed_json_write_leaves_no_temporary_file(tmp_path):
     with pytest.raises(IsADirectoryError):
         write_json_atomic(str(folder), {'a': 1})
     assert os.listdir(tmp_path) == ['results.json'] and os.listdir(folder) == []
+
+
+def test_resume_refuses_a_folder_that_holds_no_run_but_files_a_run_writes(tmp_path, capsys):
+    out = tmp_path / 'mine'
+    (out / 'model').mkdir(parents=True)
+    (out / 'model' / 'weights.bin').write_bytes(b'1234')
+    (out / 'notes.txt').write_text('my own work')
+    _refused(train_script.main, TINY_RUN + ['--epochs', '1', '--output', str(out), '--resume'], capsys,
+             f'--resume: --output {out} is not a training run (no args.json, no checkpoints/) but holds model')
+    assert _tree(out) == [('model/weights.bin', 4), ('notes.txt', 11)]
