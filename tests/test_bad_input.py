@@ -1,6 +1,11 @@
-"""Every bad input is one ``error:`` line and exit status 2, before the command writes anything."""
+"""Every bad input is one ``error:`` line and exit status 2, before the command writes anything.
+
+In the tables, ``{tmp}`` stands for the test's folder, which holds ``empty/`` (an empty folder), ``no_images/``
+(a class folder of a text file), ``file`` (a file) and ``export/`` (an exported recursive classifier)."""
+
 import datasets
 import pytest
+import torch
 
 from timm_recursive.data import DatasetError, resolve_dataset
 
@@ -32,25 +37,111 @@ CASES = [
     ('probe', ['linear', '--model', 'vit_tiny_entmax', '--dataset', 'digits', '--model-kwargs', 'depth'],
      "expected key=value words, got 'depth'"),
     ('push_to_hub', [MISSING, '--dry-run'], f'{MISSING} does not exist'),
+    # issue 36: each of these ended in a traceback, or wrote files, or both
+    ('evaluate', ['--checkpoint', '{tmp}/export', '--model-kwargs', 'num_stpes=8'],
+     "cannot build the model of {tmp}/export: TypeError: RecursiveClassifier.__init__() got an unexpected keyword "
+     "argument 'num_stpes'"),
+    pytest.param('evaluate', ['--model', 'resnet10t', '--device', 'cuda'],
+                 'argument --device: cuda: no CUDA GPU is available here',
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has a GPU')),
+    ('evaluate', ['--model', 'resnet10t', '--results-file', '{tmp}/empty'],
+     '--results-file {tmp}/empty is a folder: give a file path'),
+    ('evaluate', ['--model', 'resnet10t', '--results-file', '{tmp}/file/result.json'],
+     '--results-file {tmp}/file/result.json cannot be written: {tmp}/file is a file'),
+    ('evaluate', ['--model', 'resnet10t', '--split', 'valid'], "eval split 'valid' not found; available: "),
+    ('evaluate', ['--model', 'resnet10t', '--data-dir', '{tmp}/empty'],
+     '--data-dir {tmp}/empty is empty: expected image files in class subfolders'),
+    ('evaluate', ['--model', 'resnet10t', '--data-dir', '{tmp}/no_images'],
+     '--data-dir {tmp}/no_images holds no images: expected image files in class subfolders'),
+    ('evaluate', ['--model', 'resnet10t', '--dataset', '{tmp}/no_images'],
+     '--dataset {tmp}/no_images holds no images: expected image files in class subfolders'),
+    ('probe', ['linear', '--model', 'vit_tiny_entmax', '--dataset', 'digits', '--results-file', '{tmp}/empty'],
+     '--results-file {tmp}/empty is a folder: give a file path'),
+    ('probe', ['linear', '--model', 'vit_tiny_entmax', '--dataset', 'digits', '--n-last-blocks', '0'],
+     'argument --n-last-blocks: must be at least 1, got 0'),
+    ('probe', ['linear', '--model', 'vit_tiny_entmax', '--dataset', 'digits', '--n-last-blocks', '13'],
+     '--n-last-blocks 13: the backbone has 12 blocks'),
+    ('probe', ['linear', '--checkpoint', '{tmp}/export', '--dataset', 'digits'],
+     'recursive_dsa_moe_tiny (RecursiveClassifier) is not a ViT'),
+    ('probe', ['linear', '--model', 'resnet10t', '--dataset', 'digits'], 'resnet10t (ResNet) is not a ViT'),
+    ('train', ['--output', '{tmp}/file'], '--output {tmp}/file is a file, not a folder'),
+    ('train', ['--output', '{tmp}/file/run'], '--output {tmp}/file/run cannot be a folder: {tmp}/file is a file'),
+    ('train_dino', ['--output', '{tmp}/file/run'], '--output {tmp}/file/run cannot be a folder: {tmp}/file is a file'),
+    ('train', ['--dataset', '', '--data-dir', '{tmp}/empty'],
+     '--data-dir {tmp}/empty is empty: expected image files in class subfolders'),
+    ('train', ['--dataset', '{tmp}/no_images'], '--dataset {tmp}/no_images holds no images: expected image files'),
+    ('push_to_hub', [MISSING, '--repo-id', 'not a valid/repo/id', '--dry-run'],
+     "argument --repo-id: Repo id must be in the form 'repo_name' or 'namespace/repo_name': 'not a valid/repo/id'"),
+    ('push_to_hub', [MISSING, '--repo-id', 'not a valid/repo/id'], "argument --repo-id: Repo id must be in the form"),
+    ('push_to_hub', [MISSING], '--repo-id is needed to upload'),
 ]
 
 
 def _argv(command: str, argv, output: str):
+    """The command line of a case: a quick run of ``command`` writing to ``output``, unless the case names its own
+    destination (or, for evaluate, its own dataset)."""
     if command == 'train':
-        return [*TINY_RUN, '--epochs', '1', *argv, '--output', output]
+        return [*TINY_RUN, '--epochs', '1', *argv] + ([] if '--output' in argv else ['--output', output])
     if command == 'train_dino':
-        return [*TINY_DINO, *argv, '--output', output]
+        return [*TINY_DINO, *argv] + ([] if '--output' in argv else ['--output', output])
+    results = [] if '--results-file' in argv else ['--results-file', f'{output}/result.json']
     if command == 'evaluate':
-        return ['--dataset', 'digits', *argv, '--results-file', f'{output}/result.json']
+        dataset = [] if {'--dataset', '--data-dir'} & set(argv) else ['--dataset', 'digits']
+        return [*dataset, *argv, *results]
     if command == 'probe':
-        return [*argv, '--results-file', f'{output}/result.json']
+        return [*argv, *results]
     return [*argv, '--out', output]
 
 
-@pytest.mark.parametrize('command,argv,message', CASES, ids=[' '.join([c, *a]) for c, a, _ in CASES])
-def test_bad_input_is_one_error_line_and_exit_2_with_nothing_written(command, argv, message, tmp_path, capsys):
+def _case_id(case) -> str:
+    command, argv, _ = case.values if hasattr(case, 'values') else case
+    return ' '.join([command, *argv])
+
+
+def _lay_out(tmp_path) -> None:
+    """The folders and files ``{tmp}`` holds in the tables."""
+    (tmp_path / 'empty').mkdir()
+    (tmp_path / 'no_images' / 'cat').mkdir(parents=True)
+    (tmp_path / 'no_images' / 'cat' / 'notes.txt').write_text('not an image')
+    (tmp_path / 'file').write_text('a file')
+
+
+@pytest.fixture(scope='module')
+def exported(tmp_path_factory):
+    """An exported recursive classifier (untrained: a folder ``--checkpoint`` takes)."""
+    import timm
+
+    from timm_recursive.runs import export_model
+    folder = tmp_path_factory.mktemp('exported') / 'export'
+    export_model(timm.create_model('recursive_dsa_moe_tiny', num_steps=2, num_classes=10), str(folder))
+    return folder
+
+
+@pytest.mark.parametrize('command,argv,message', CASES, ids=[_case_id(case) for case in CASES])
+def test_bad_input_is_one_error_line_and_exit_2_with_nothing_written(command, argv, message, tmp_path, capsys,
+                                                                     exported):
+    _lay_out(tmp_path)
+    (tmp_path / 'export').symlink_to(exported, target_is_directory=True)
+    before = sorted(str(path) for path in tmp_path.rglob('*'))
+    argv = [word.replace('{tmp}', str(tmp_path)) for word in argv]
     output = tmp_path / 'out'
-    assert_one_error_line(load_script(command).main, _argv(command, argv, str(output)), output, capsys, message)
+    assert_one_error_line(load_script(command).main, _argv(command, argv, str(output)), output, capsys,
+                          message.replace('{tmp}', str(tmp_path)))
+    assert sorted(str(path) for path in tmp_path.rglob('*')) == before  # no stray file (a DIR.tmp) anywhere
+
+
+@pytest.mark.parametrize('command', ['train', 'train_dino', 'evaluate', 'push_to_hub'])
+def test_help_says_each_default_once(command, capsys):
+    with pytest.raises(SystemExit):
+        load_script(command).main(['--help'])
+    entries, entry = [], []
+    for line in capsys.readouterr().out.splitlines():
+        if line.lstrip().startswith('-') and entry:
+            entries.append(' '.join(entry))
+            entry = []
+        entry.append(line.strip())
+    entries.append(' '.join(entry))
+    assert not [e for e in entries if e.count('(default:') + e.count(' default: ') > 1], entries
 
 
 def test_wandb_logging_is_refused_when_wandb_is_missing(tmp_path, capsys, monkeypatch):

@@ -174,7 +174,7 @@ def test_resume_after_sigterm_reaches_the_uninterrupted_state(tmp_path, monkeypa
     with monkeypatch.context() as m:
         _interrupt_at(m, 2)  # 4 steps per epoch: stop mid-epoch 1
         assert dino_script.main(args + ['--output', resumed]) == 130
-    assert find_last_state(os.path.join(resumed, 'checkpoints')).endswith('epoch0000_step000002')
+    assert find_last_state(os.path.join(resumed, 'checkpoints')).endswith('epoch0001_step000002')  # epoch 1
     assert dino_script.main(args + ['--output', resumed, '--resume']) == 0
     for name in ('model/model.safetensors', 'checkpoints/epoch0002/model.safetensors',  # teacher, student
                  'checkpoints/epoch0002/head.safetensors'):

@@ -73,7 +73,9 @@ def test_card_and_config_say_how_to_install_and_that_the_import_is_needed(publis
     assert f'{top1:.2f}' in card
     # the training facts are the run's own
     summary = recorded['summary']
-    assert f'{summary["epochs"]} epochs on {summary["train_images"]} training images' in card
+    epochs = summary['epochs']  # 1 here: "1 epoch", never "1 epochs"
+    assert f'{epochs} epoch{"" if epochs == 1 else "s"} on {summary["train_images"]} training images' in card
+    assert ' 1 epochs' not in card
     # no local absolute path: the run's --output (a temporary folder) is a placeholder in the command
     assert '--output OUTPUT_DIR' in card and not re.search(r'''(?<![^\s(='"])/(tmp|home|usr|root)\b''', card)
     assert os.path.dirname(run) not in card

@@ -49,14 +49,14 @@ def test_rotation_removes_only_the_runs_own_states(tmp_path):
     assert train_script.main(TINY_RUN + ['--epochs', '1', '--output', run]) == 0
     checkpoints = os.path.join(run, 'checkpoints')
     # a state another run left in the folder (older progress, so resume does not pick it)
-    foreign = os.path.join(checkpoints, 'epoch0000_step000001')
+    foreign = os.path.join(checkpoints, 'epoch0001_step000001')
     shutil.copytree(os.path.join(checkpoints, 'epoch0001'), foreign)
     state = json.load(open(os.path.join(foreign, 'trainer_state.json')))
     state.update(epoch=0, step_in_epoch=1, run_id='another run')
     json.dump(state, open(os.path.join(foreign, 'trainer_state.json'), 'w'))
 
     assert train_script.main(TINY_RUN + ['--epochs', '3', '--keep-states', '1', '--output', run, '--resume']) == 0
-    assert sorted(os.listdir(checkpoints)) == ['epoch0000_step000001', 'epoch0003']
+    assert sorted(os.listdir(checkpoints)) == ['epoch0001_step000001', 'epoch0003']
     assert [path for path, _ in find_states(checkpoints)] == [os.path.join(checkpoints, 'epoch0003'), foreign]
 
 
@@ -79,3 +79,22 @@ def test_a_corrupt_newest_state_falls_back_to_the_previous_one(tmp_path, caplog)
     resumed = _weights(newest)
     assert resumed.keys() == expected.keys() and all(torch.equal(resumed[k], expected[k]) for k in expected)
     assert [json.loads(line)['epoch'] for line in open(os.path.join(run, 'metrics.jsonl'))] == [1, 2]
+
+
+@pytest.mark.slow
+def test_when_every_state_is_corrupt_the_error_names_each_one(tmp_path, capsys):
+    run = str(tmp_path / 'run')
+    assert train_script.main(TINY_RUN + ['--epochs', '2', '--output', run]) == 0
+    states = [os.path.join(run, 'checkpoints', name) for name in ('epoch0002', 'epoch0001')]
+    for state in states:
+        weights = os.path.join(state, 'optimizer.bin')
+        data = open(weights, 'rb').read()
+        with open(weights, 'wb') as f:
+            f.write(data[:len(data) // 2])
+    metrics = open(os.path.join(run, 'metrics.jsonl')).read()
+
+    assert train_script.main(TINY_RUN + ['--epochs', '3', '--output', run, '--resume']) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith('error:')]
+    assert len(errors) == 1 and 'none of the 2 training states loads' in errors[0], errors
+    assert all(f'cannot load training state {state}' in errors[0] for state in states), errors
+    assert open(os.path.join(run, 'metrics.jsonl')).read() == metrics

@@ -129,8 +129,10 @@ def _interrupt_after(monkeypatch, calls):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('stop_at_step', [2, 4])  # 4 steps per epoch: mid-epoch and at the epoch's end
-def test_resume_after_sigterm_reaches_the_uninterrupted_weights(tmp_path, monkeypatch, stop_at_step):
+# 4 steps per epoch: mid-epoch 1, at epoch 1's end, mid-epoch 2; the state is named after the epoch it was in
+@pytest.mark.parametrize('stop_at_step,state_name', [(2, 'epoch0001_step000002'), (4, 'epoch0001'),
+                                                     (7, 'epoch0002_step000003')])
+def test_resume_after_sigterm_reaches_the_uninterrupted_weights(tmp_path, monkeypatch, stop_at_step, state_name):
     args = TINY_RUN + ['--epochs', '2', '--mixup', '0.2', '--drop-path', '0.1']
     full = str(tmp_path / 'full')
     assert train_script.main(args + ['--output', full]) == 0
@@ -140,7 +142,8 @@ def test_resume_after_sigterm_reaches_the_uninterrupted_weights(tmp_path, monkey
         _interrupt_after(m, stop_at_step)
         assert train_script.main(args + ['--output', resumed]) == 130
     state = find_last_state(os.path.join(resumed, 'checkpoints'))
-    assert state is not None and not os.path.exists(os.path.join(resumed, 'summary.json'))
+    assert state == os.path.join(resumed, 'checkpoints', state_name)
+    assert not os.path.exists(os.path.join(resumed, 'summary.json'))
     assert train_script.main(args + ['--output', resumed, '--resume']) == 0
 
     a, b = _state_weights(full, 'epoch0002'), _state_weights(resumed, 'epoch0002')
@@ -203,6 +206,27 @@ def test_load_weights_errors_name_the_file_and_the_problem(tmp_path, problem, me
         torch.save({'state_dict': model.state_dict(), 'optimizer': object()}, path)
     with pytest.raises(CheckpointError, match=message):
         load_weights(model, path)
+
+
+@pytest.mark.parametrize('num_steps', [1, 3])
+def test_the_per_step_table_is_printed_for_recursive_models_only(num_steps):
+    per_step = [50. + t for t in range(num_steps)]
+    final = {'eval_top1': per_step[-1], 'eval_top5': 90., 'eval_top1_per_step': per_step,
+             'train_images_per_s': 100., 'eval_images_per_s': 200.}
+    summary = {'seed': 0, 'final': final, 'test': {'exported': {'epoch': 1, 'top1': per_step[-1]}},
+               'wall_time_s': 60., 'selection_split': 'train holdout 10%', 'eval_split': 'test', 'export_dir': 'm'}
+    text = train_script.report([summary], num_steps)
+    assert ('per recursion step' in text) == (num_steps > 1)
+    assert 'seed 0: last epoch top-1' in text
+
+
+@pytest.mark.slow
+def test_evaluate_takes_no_progress_and_makes_the_results_files_folder(tmp_path, capsys):
+    results = tmp_path / 'new' / 'result.json'
+    assert evaluate_script.main(['--model', 'resnet10t', '--dataset', 'digits', '--max-eval-samples', '8',
+                                 '--no-progress', '--results-file', str(results)]) == 0
+    assert json.load(open(results))['images'] == 8 and os.listdir(results.parent) == ['result.json']
+    assert '\r' not in capsys.readouterr().err  # no progress bar
 
 
 def test_evaluate_reports_a_bad_checkpoint(tmp_path, capsys):

@@ -20,6 +20,7 @@ The probes standardise the cached features with the training split's per-channel
 does): a grid of images on one canvas, each foreground pixel labelled with its image's class;
 ``canvas_depths`` gives such canvases a depth map set by those labels.
 """
+import inspect
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    'block_outputs', 'check_blocks', 'classification_features', 'classification_features_per_block', 'dense_features',
+    'block_outputs', 'check_backbone', 'check_blocks', 'classification_features', 'classification_features_per_block', 'dense_features',
     'extract_features', 'FeatureNorm', 'DenseLinearHead',
     'fit_probe', 'linear_probe', 'dense_probe', 'confusion_matrix', 'segmentation_scores', 'compose_canvases',
     'MIN_DEPTH', 'valid_depth', 'depth_metrics', 'depth_probe', 'canvas_depths',
@@ -49,6 +50,21 @@ def block_outputs(model: nn.Module, images: torch.Tensor, blocks: Union[int, Seq
     outputs = model.forward_intermediates(images, indices=distinct, norm=True, return_prefix_tokens=True,
                                           intermediates_only=True)
     return [outputs[distinct.index(b)] for b in wanted]
+
+
+def check_backbone(model: nn.Module, needs_cls: bool = False) -> None:
+    """Refuse (``ValueError``) a model the probes cannot read, before any feature is extracted: the probes read a
+    timm ViT's blocks through ``forward_intermediates(..., return_prefix_tokens=True)`` (a recursive classifier or
+    a CNN has no such blocks), and ``needs_cls``: its [CLS] token."""
+    name = getattr(model, 'pretrained_cfg', {}).get('architecture') or type(model).__name__
+    intermediates = getattr(model, 'forward_intermediates', None)
+    if (intermediates is None or not hasattr(model, 'blocks')
+            or 'return_prefix_tokens' not in inspect.signature(intermediates).parameters):
+        raise ValueError(f'{name} ({type(model).__name__}) is not a ViT: the probes read the blocks and [CLS] token '
+                         'of a timm vision transformer backbone (e.g. vit_small_entmax, deit_s_tokenfuse, a '
+                         'train-dino run)')
+    if needs_cls and getattr(model, 'cls_token', None) is None:
+        raise ValueError(f'{name} ({type(model).__name__}) has no [CLS] token to probe')
 
 
 def check_blocks(model: nn.Module, blocks: Sequence[int]) -> List[int]:

@@ -2,12 +2,13 @@
 (``add_run_arguments``), a dataset (``add_data_arguments``), YAML option files (``parse_args_with_config``) and
 the ``argparse`` types that refuse an out-of-range number with a usage error."""
 import argparse
+import copy
 from typing import Optional
 
 from timm.utils import ParseKwargs
 from torch import nn
 
-from timm_recursive.data import DatasetSplits, resolve_dataset
+from timm_recursive.data import DatasetSplits, check_dataset_folder, resolve_dataset
 from timm_recursive.runs import (
     CheckpointError,
     create_classifier,
@@ -18,8 +19,32 @@ __all__ = [
     'ModelKwargs', 'add_model_arguments', 'model_from_arguments', 'add_run_arguments', 'parse_args_with_config',
     'add_data_arguments', 'dataset_from_arguments',
     'positive_int', 'non_negative_int', 'non_negative_float', 'positive_float', 'unit_interval',
-    'unit_interval_or_zero',
+    'unit_interval_or_zero', 'hub_repo_id', 'torch_device', 'add_device_argument', 'HelpFormatter', 'default_dataset',
 ]
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's ``ArgumentDefaultsHelpFormatter`` that says each option's default once: not after a help text
+    that states its default itself (``default: the model's``), nor for an option that is off or unset by default
+    (``None``, ``False``, empty), where ``(default: None)`` would say nothing; an option without a help text
+    shows its default alone (``default: 20``), where argparse shows nothing."""
+
+    @staticmethod
+    def _says_nothing(default) -> bool:
+        return (default is None or default is False or default is argparse.SUPPRESS
+                or (isinstance(default, (str, list, tuple, dict)) and not default))
+
+    def _format_action(self, action):
+        if action.help is None and action.option_strings and not self._says_nothing(action.default):
+            action = copy.copy(action)
+            action.help = 'default: %(default)s'
+        return super()._format_action(action)
+
+    def _get_help_string(self, action):
+        text = action.help or ''
+        if 'default' in text or self._says_nothing(action.default):
+            return text
+        return super()._get_help_string(action)
 
 
 def _at_least(text: str, kind: type, low):
@@ -69,6 +94,45 @@ def unit_interval_or_zero(text: str) -> float:
     if value > 1.:
         raise argparse.ArgumentTypeError(f'must be in [0, 1], got {text}')
     return value
+
+
+def torch_device(text: str) -> str:
+    """An ``argparse`` type: a torch device this machine has (``cpu``, ``cuda``, ``cuda:1``, ``mps``), so that
+    asking for a missing GPU is a usage error before any data or model loads, not torch's error after."""
+    import torch
+    try:
+        device = torch.device(text)
+    except RuntimeError as e:
+        raise argparse.ArgumentTypeError(str(e).splitlines()[0]) from None
+    if device.type == 'cuda':
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(f'{text}: no CUDA GPU is available here (torch.cuda.is_available() is '
+                                             'False); use --device cpu')
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(f'{text}: this machine has {count} CUDA GPU(s), 0..{count - 1}')
+    elif device.type == 'mps' and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f'{text}: the MPS backend is not available here; use --device cpu')
+    return text
+
+
+def add_device_argument(parser) -> None:
+    """``--device``: where the model runs (default: the first CUDA GPU when there is one, else the CPU)."""
+    import torch
+    parser.add_argument('--device', type=torch_device, default='cuda' if torch.cuda.is_available() else 'cpu',
+                        help='torch device, e.g. cpu, cuda, cuda:1')
+
+
+def hub_repo_id(text: str) -> str:
+    """An ``argparse`` type: a Hugging Face Hub repo id (``name`` or ``namespace/name``), checked with
+    huggingface_hub's own ``validate_repo_id``, so a bad one is a usage error before anything is written."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    try:
+        validate_repo_id(text)
+    except HFValidationError as e:
+        # its advice about repo_type concerns its Python callers, not this option
+        raise argparse.ArgumentTypeError(str(e).replace(' Use `repo_type` argument if needed.', '')) from None
+    return text
 
 
 def parse_args_with_config(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
@@ -189,8 +253,18 @@ def add_data_arguments(parser, default: Optional[str] = 'digits', required: bool
                         help='the split evaluated (default: test, validation, ... whichever the dataset has)')
 
 
+def default_dataset(args) -> None:
+    """A ``--dataset`` left out (``add_data_arguments(default=None)``) is, as in timm, the folder of ``--data-dir``
+    when that is given (the empty name), else ``digits``."""
+    if args.dataset is None:
+        args.dataset = '' if args.data_dir is not None else 'digits'
+
+
 def dataset_from_arguments(args, **kwargs) -> DatasetSplits:
-    """``resolve_dataset`` of the dataset ``add_data_arguments``'s options name; ``kwargs`` add to them or replace them."""
+    """``resolve_dataset`` of the dataset ``add_data_arguments``'s options name; ``kwargs`` add to them or replace
+    them. A local folder without anything a dataset is made of is refused first (``check_dataset_folder``), with a
+    message that says what was expected, rather than the datasets library's."""
+    check_dataset_folder(args.dataset, args.data_dir)
     options = dict(image_column=args.image_column, label_column=args.label_column, train_split=args.train_split,
                    eval_split=args.eval_split, data_dir=args.data_dir, dataset_config=args.dataset_config,
                    download=args.dataset_download, class_map=args.class_map)

@@ -16,7 +16,6 @@ median, maximum, histogram), multiply-adds per image and images/s against the fu
 import argparse
 import sys
 
-import torch
 from torch.utils.data import DataLoader
 
 import timm_recursive  # noqa: F401  registers the models
@@ -27,9 +26,13 @@ from timm_recursive.cli.adaptive_halting import (
     measure_halting,
 )
 from timm_recursive.cli.args import (
+    DATASET_HELP,
+    HelpFormatter,
     add_data_arguments,
+    add_device_argument,
     add_model_arguments,
     dataset_from_arguments,
+    default_dataset,
     model_from_arguments,
     non_negative_int,
     positive_int,
@@ -40,27 +43,44 @@ from timm_recursive.data import (
     create_dataset_transform,
 )
 from timm_recursive.runs.checkpoint import CheckpointError
-from timm_recursive.runs.files import write_json_atomic
+from timm_recursive.runs.files import DestinationError, check_file_destination, write_results_file
 from timm_recursive.train.evaluate import evaluate_steps
 from timm_recursive.train.losses import StepOutputs
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter, allow_abbrev=False)
     add_model_arguments(p)
-    add_data_arguments(p)
+    add_data_arguments(p, default=None, dataset_help=DATASET_HELP + ' (default: the folder of --data-dir when '
+                                                                    'given, else digits)')
     p.add_argument('--max-eval-samples', type=positive_int, default=None, help='use only the first N images')
     p.add_argument('-b', '--batch-size', type=positive_int, default=256)
     p.add_argument('-j', '--workers', type=non_negative_int, default=0, help='data loader worker processes')
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    add_device_argument(p)
     p.add_argument('--results-file', '--json', dest='results_file', default=None,
                    help='also write the results to this JSON file (timm validate.py\'s name; --json is the old one)')
+    p.add_argument('--no-progress', action='store_true', help='no progress bar')
     add_halting_arguments(p)
     args = p.parse_args(argv)
     if args.model is None and args.checkpoint is None:
         p.error('give --model (with --pretrained) and/or --checkpoint')
+    default_dataset(args)
     return args
+
+
+def load_eval_split(args):
+    """The dataset's splits, its eval split the one evaluated. A named ``--eval-split`` is all evaluation needs
+    (e.g. an imagefolder with only val/, such as ImageNet's): it is read as the train split too, and a name the
+    dataset lacks is reported as the eval split it is."""
+    if args.train_split is not None or args.eval_split is None:
+        return dataset_from_arguments(args)
+    try:
+        return dataset_from_arguments(args, train_split=args.eval_split)
+    except DatasetError as e:
+        missing = f'train split {args.eval_split!r} not found'
+        if str(e).startswith(missing):
+            raise DatasetError(f'eval split {args.eval_split!r} not found' + str(e)[len(missing):]) from e
+        raise
 
 
 def format_results(result: dict) -> str:
@@ -73,11 +93,12 @@ def format_results(result: dict) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        # a named split is all evaluation needs (e.g. an imagefolder with only val/, such as ImageNet's)
-        splits = dataset_from_arguments(args, train_split=args.train_split or args.eval_split)
+        if args.results_file:  # before anything runs: a destination that cannot be written fails now, not after
+            check_file_destination(args.results_file, '--results-file')
+        splits = load_eval_split(args)
         model = model_from_arguments(args, splits.num_classes).to(args.device).eval()
         check_halting_arguments(model, args)
-    except (DatasetError, CheckpointError, ValueError) as e:
+    except (DatasetError, CheckpointError, DestinationError, ValueError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     dataset = splits.eval
@@ -86,14 +107,14 @@ def main(argv=None) -> int:
     dataset = dataset.with_transform(create_dataset_transform(model, splits, is_training=False))
     loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers,
                         collate_fn=collate_classification)
-    result = evaluate_steps(StepOutputs(model), loader, progress=True, device=args.device)
+    result = evaluate_steps(StepOutputs(model), loader, progress=not args.no_progress, device=args.device)
     print(f'{args.checkpoint or args.model} on {args.dataset} ({splits.source}):')
     print(format_results(result))
     if args.halting_thresholds:
         result['halting'] = measure_halting(model, loader, args, args.device)
         print(threshold_table(result['halting']))
     if args.results_file:
-        write_json_atomic(args.results_file, {'model': args.model, 'checkpoint': args.checkpoint,
+        write_results_file(args.results_file, {'model': args.model, 'checkpoint': args.checkpoint,
                                               'dataset': args.dataset, **result})
     return 0
 

@@ -34,6 +34,7 @@ to ``--img-size`` (nearest, so missing values stay 0) and scored at that resolut
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from typing import Callable
@@ -45,6 +46,7 @@ from torch.utils.data import DataLoader
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.probing import (
     canvas_depths,
+    check_backbone,
     check_blocks,
     classification_features,
     classification_features_per_block,
@@ -81,7 +83,15 @@ from timm_recursive.data import (
 )
 from timm_recursive.runs import create_classifier, create_model_from_checkpoint
 from timm_recursive.runs.checkpoint import CheckpointError
-from timm_recursive.runs.files import DestinationError, check_destination, replace_output_dir, write_json_atomic
+from timm_recursive.runs.files import (
+    DestinationError,
+    check_destination,
+    check_file_destination,
+    replace_output_dir,
+    temp_path_beside,
+    write_json_atomic,
+    write_results_file,
+)
 
 
 def add_probe_arguments(p) -> None:
@@ -121,7 +131,7 @@ def parse_args(argv=None):
     sub = p.add_subparsers(dest='command', required=True)
     linear = sub.add_parser('linear', allow_abbrev=False, help='linear classification probe on [CLS] features')
     add_probe_arguments(linear)
-    linear.add_argument('--n-last-blocks', type=int, default=1,
+    linear.add_argument('--n-last-blocks', type=positive_int, default=1,
                         help='concatenate the [CLS] of the last N blocks (DINO uses 4 for ViT-S)')
     linear.add_argument('--avgpool-patches', action='store_true', help='append the mean patch token of the last block')
     segment = sub.add_parser('segment', allow_abbrev=False,
@@ -205,9 +215,22 @@ def _probe_per_block(blocks, cached: dict, fit) -> dict:
     return {**per_layer[-1], 'per_layer': per_layer}
 
 
+def check_probe(args, model) -> None:
+    """The checks of ``--checkpoint``/``--model`` and the options against the backbone that need no data: a model
+    that is not a ViT, ``--n-last-blocks`` or ``--layers`` beyond its blocks (``ProbeError``)."""
+    try:
+        check_backbone(model, needs_cls=args.command == 'linear' or args.with_cls)
+    except ValueError as e:
+        raise ProbeError(str(e)) from None
+    _blocks(model, args.layers)
+    if args.command == 'linear':
+        if args.layers and args.n_last_blocks != 1:
+            raise ProbeError('--layers probes one block at a time: it cannot be combined with --n-last-blocks')
+        if args.n_last_blocks > len(model.blocks):
+            raise ProbeError(f'--n-last-blocks {args.n_last_blocks}: the backbone has {len(model.blocks)} blocks')
+
+
 def run_linear(args, model) -> dict:
-    if args.layers and args.n_last_blocks != 1:
-        raise ProbeError('--layers probes one block at a time: it cannot be combined with --n-last-blocks')
     blocks = _blocks(model, args.layers)
     splits = dataset_from_arguments(args)
     transform = create_dataset_transform(model, splits, is_training=False)
@@ -336,11 +359,14 @@ def run_compose(args) -> dict:
                                       for column, values in columns.items()})
         out[name] = datasets.Dataset.from_dict(columns, features=features)
         written[name] = count
-    tmp = f'{args.out}.tmp'
-    datasets.DatasetDict(out).save_to_disk(tmp)
-    names = splits.class_names or [str(i) for i in range(splits.num_classes)]
-    write_json_atomic(os.path.join(tmp, 'classes.json'), {'labels': ['background', *names], 'ignore_index': None})
-    replace_output_dir(tmp, args.out)
+    tmp = temp_path_beside(args.out)  # OUT.tmp may be the user's: never written, never removed
+    try:
+        datasets.DatasetDict(out).save_to_disk(tmp)
+        names = splits.class_names or [str(i) for i in range(splits.num_classes)]
+        write_json_atomic(os.path.join(tmp, 'classes.json'), {'labels': ['background', *names], 'ignore_index': None})
+        replace_output_dir(tmp, args.out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already unless something failed
     return {'out': args.out, 'canvases': written, 'canvas_size': list(canvases.shape[1:]), 'grid': args.grid,
             'threshold': args.threshold, 'num_classes': len(names) + 1, 'depth': args.depth, 'source': splits.source}
 
@@ -362,8 +388,11 @@ def main(argv=None) -> int:
             check_destination(args.out)  # before the dataset loads: nothing of the user's is replaced
             result = run_compose(args)
         else:
+            if args.results_file:  # before anything runs: a destination that cannot be written fails now
+                check_file_destination(args.results_file, '--results-file')
             torch.manual_seed(args.seed)
             model = create_backbone(args)
+            check_probe(args, model)
             result = {'linear': run_linear, 'segment': run_segment, 'depth': run_depth}[args.command](args, model)
             result = {'probe': args.command, 'checkpoint': args.checkpoint, 'model': args.model,
                       'architecture': model.pretrained_cfg.get('architecture'), 'dataset': args.dataset, **result}
@@ -373,8 +402,7 @@ def main(argv=None) -> int:
     result['wall_time_s'] = time.perf_counter() - start
     print(json.dumps(_without_per_class_iou(result), indent=2))
     if getattr(args, 'results_file', None):
-        os.makedirs(os.path.dirname(os.path.abspath(args.results_file)), exist_ok=True)
-        write_json_atomic(args.results_file, result)
+        write_results_file(args.results_file, result)
     return 0
 
 

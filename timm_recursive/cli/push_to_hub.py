@@ -16,15 +16,18 @@ import os
 import sys
 
 import timm_recursive  # noqa: F401  registers the models
+from timm_recursive.cli.args import HelpFormatter, hub_repo_id
 from timm_recursive.hub import HUB_ORG, HubError, export_run, push_to_hub
 from timm_recursive.runs import OUTPUT_MARKER, RunRecordError, run_folder
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter,
                                 allow_abbrev=False)
     p.add_argument('run', help='run folder of timm-recursive-train or -train-dino, or its exported model/ folder')
-    p.add_argument('--repo-id', default=None, help=f'Hub model repo, e.g. user/name (default: {HUB_ORG}/<arch>.<run>)')
+    p.add_argument('--repo-id', type=hub_repo_id, default=None,
+                   help=f'Hub model repo, e.g. user/name (needed to upload; the card of a --dry-run names '
+                        f'{HUB_ORG}/<arch>.<run> without it)')
     p.add_argument('--out', default=None, help='export folder (default: <run>/hub)')
     p.add_argument('--weights', choices=('best', 'last'), default=None,
                    help='default: best (a DINO run: last, its exported teacher)')
@@ -34,6 +37,8 @@ def main(argv=None) -> int:
     p.add_argument('--token', default=None)
     p.add_argument('--revision', default=None, help='branch to upload to')
     args = p.parse_args(argv)
+    if not args.repo_id and not args.dry_run:
+        p.error('--repo-id is needed to upload (or pass --dry-run to write the folder only)')
     try:
         out = args.out or os.path.join(run_folder(args.run), 'hub')
         if args.out is None and os.path.isdir(out):
@@ -43,9 +48,6 @@ def main(argv=None) -> int:
         print(f'wrote {out}: ' + ', '.join(sorted(name for name in os.listdir(out) if name != OUTPUT_MARKER)))
         if args.dry_run:
             return 0
-        if not args.repo_id:
-            print('error: --repo-id is needed to upload (or pass --dry-run)', file=sys.stderr)
-            return 2
         url = push_to_hub(out, args.repo_id, token=args.token, private=args.private, revision=args.revision)
         print(f'uploaded to {url}')
     except (HubError, RunRecordError) as e:

@@ -6,7 +6,6 @@ import argparse
 import shlex
 import sys
 
-import torch
 from torch.utils.data import DataLoader
 
 from timm_recursive.analysis.recursion_trace import (
@@ -16,7 +15,7 @@ from timm_recursive.analysis.recursion_trace import (
 __all__ = ['trace_dataset', 'write_report']
 
 from timm_recursive.analysis.report import step_accuracy, trace_dataset, write_report, write_spatial_report
-from timm_recursive.cli.args import add_data_arguments, dataset_from_arguments
+from timm_recursive.cli.args import add_data_arguments, add_device_argument, dataset_from_arguments
 
 
 def main(argv=None) -> int:
@@ -40,7 +39,7 @@ def main(argv=None) -> int:
     add_data_arguments(p)
     p.add_argument('--num-images', type=int, default=2000, help='at most this many images of the split')
     p.add_argument('--batch-size', type=int, default=250)
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    add_device_argument(p)
     p.add_argument('--out', required=True)
     p.add_argument('--no-progress', action='store_true')
     add_halting_arguments(p)

@@ -50,6 +50,7 @@ from torch.utils.data import DataLoader
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.cli.args import (
     DATASET_HELP,
+    HelpFormatter,
     ModelKwargs,
     add_data_arguments,
     add_run_arguments,
@@ -81,7 +82,7 @@ from timm_recursive.runs.checkpoint import (
     store_weights_as_timm,
 )
 from timm_recursive.runs.export import export_model
-from timm_recursive.runs.files import write_json_atomic
+from timm_recursive.runs.files import DestinationError, write_json_atomic
 from timm_recursive.runs.provenance import provenance, typed_command
 from timm_recursive.train.evaluate import evaluate_steps
 from timm_recursive.train.losses import (
@@ -121,7 +122,7 @@ def missing_trackers(names) -> list:
 
 def parse_args(argv=None):
     # allow_abbrev=False: a prefix of an option is an error, never silently another option
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter,
                                 allow_abbrev=False)
     g = p.add_argument_group('model')
     g.add_argument('--model', default='recursive_dsa_moe_tiny', help='registered model name, optionally with a .tag')
@@ -727,8 +728,12 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
 
 
 def report(summaries, num_steps: int) -> str:
-    rows = [(f'seed {s["seed"]} final', s['final']['eval_top1_per_step']) for s in summaries]
-    text = ['Eval top-1 (%) per recursion step, last epoch:', format_summary(rows, num_steps)]
+    """The end-of-training report: the per-recursion-step table (recursive models only: any other model answers
+    once, ``num_steps`` 1), the mean and std over seeds, and a line per seed."""
+    text = []
+    if num_steps > 1:
+        rows = [(f'seed {s["seed"]} final', s['final']['eval_top1_per_step']) for s in summaries]
+        text += ['Eval top-1 (%) per recursion step, last epoch:', format_summary(rows, num_steps)]
     finals = [s['final']['eval_top1'] for s in summaries]
     if len(finals) > 1:
         text.append(f'final-step top-1 over {len(finals)} seeds: mean {statistics.mean(finals):.2f}%, '
@@ -755,7 +760,7 @@ def main(argv=None) -> int:
             if summary.get('interrupted'):
                 return 130
             summaries.append(summary)
-    except (DatasetError, CheckpointError) as e:
+    except (DatasetError, CheckpointError, DestinationError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     from accelerate import PartialState

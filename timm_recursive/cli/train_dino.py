@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.cli.args import (
     DATASET_HELP,
+    HelpFormatter,
     ModelKwargs,
     add_data_arguments,
     add_run_arguments,
@@ -53,6 +54,7 @@ from timm_recursive.data import (
     to_pil,
 )
 from timm_recursive.runs import (
+    DestinationError,
     check_input_size,
     create_classifier,
     run_dir_for,
@@ -93,7 +95,7 @@ PRESETS = {
 
 def parse_args(argv=None):
     # allow_abbrev=False: a prefix of an option is an error, never silently another option
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter,
                                 allow_abbrev=False)
     p.add_argument('--preset', default='dino_vits16', choices=sorted(PRESETS),
                    help='default values of the flags below (flags given explicitly win)')
@@ -326,7 +328,7 @@ def main(argv=None) -> int:
     try:
         args.output = run_dir_for(args.output, args.resume)
         summary = train(args, argv)
-    except (DatasetError, CheckpointError, RecipeError) as e:
+    except (DatasetError, CheckpointError, RecipeError, DestinationError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     if summary.get('interrupted'):

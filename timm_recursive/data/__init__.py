@@ -24,7 +24,8 @@ reads two official segmentation layouts in ``data_dir`` through torchvision's re
 ``create_dataset_transform(model, splits, is_training)`` (``transforms.py``) builds timm's transform from the
 model's pretrained config and adapts every image to the model's channels (grayscale or RGB) and size.
 ``RepeatAugBatches`` (``samplers.py``) is timm's ``--aug-repeats`` sampler for a loader that Accelerate shards;
-``DatasetError`` (``errors.py``) is the error of them all.
+``DatasetError`` (``errors.py``) is the error of them all; ``check_dataset_folder`` (``folders.py``) refuses a
+local dataset folder that holds nothing a dataset is read from, saying what it should hold.
 
 The package needs the ``[train]`` extra (``datasets``); ``import timm_recursive`` and the models never import it.
 """
@@ -43,6 +44,7 @@ from .dense import (
     to_mask_array,
 )
 from .errors import DatasetError
+from .folders import DATASET_FOLDER_LAYOUT, check_dataset_folder
 from .idx import IDX_CLASS_NAMES, IDX_DIRS, read_idx
 from .samplers import RepeatAugBatches
 from .sources import (
@@ -73,7 +75,7 @@ __all__ = [
     'image_mode', 'to_pil',
     'SegmentationSplits', 'resolve_segmentation_dataset', 'to_mask_array', 'split_dataset_prefix', 'load_class_map',
     'RepeatAugBatches', 'TORCHVISION_SEGMENTATION', 'cityscapes_train_ids', 'DepthSplits', 'resolve_depth_dataset',
-    'to_depth_array',
+    'to_depth_array', 'check_dataset_folder', 'DATASET_FOLDER_LAYOUT',
     # public before too, and imported by name elsewhere (quiet_channel_warnings, IMAGE_COLUMNS)
     'quiet_channel_warnings', 'IMAGE_COLUMNS', 'LABEL_COLUMNS', 'IDX_CLASS_NAMES', 'TIMM_PREFIXES',
     'UNSUPPORTED_TIMM_PREFIXES', 'MASK_COLUMNS', 'DEPTH_COLUMNS', 'SEGMENTATION_IGNORE_INDEX', 'DEPTH_IMAGE_MODES',

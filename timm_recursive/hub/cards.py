@@ -83,6 +83,11 @@ def _table(rows: List[List[str]]) -> str:
     return '\n'.join('| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows)
 
 
+def count_of(number, noun: str) -> str:
+    """``1 epoch``, ``15 epochs``: a count and its noun, singular for one."""
+    return f'{number} {noun}' if str(number) == '1' else f'{number} {noun}s'
+
+
 def _format_tuple(values) -> str:
     return '(' + ', '.join(f'{v:g}' if isinstance(v, float) else str(v) for v in values) + ')'
 
@@ -112,6 +117,7 @@ def _card_context(model, run: Dict, record: Dict, weights_note: str, repo_id: st
         'mean': _format_tuple(cfg['mean']),
         'std': _format_tuple(cfg['std']),
         'epochs': str(summary['epochs']),
+        'epochs_trained': count_of(summary['epochs'], 'epoch'),
         'train_images': str(summary.get('train_images', '?')),
         'command': public_command(command) if command else 'python train_scripts/train.py (not recorded)',
         'recipe_table': _table(recipe),

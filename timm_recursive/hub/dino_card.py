@@ -14,6 +14,7 @@ from .cards import (
     _format_tuple,
     _table,
     base_model_id,
+    count_of,
     hub_dataset_id,
     public_command,
     strip_local_paths,
@@ -63,6 +64,7 @@ def render_dino_card(model, run: Dict, record: Dict, weights_note: str, repo_id:
         'base_model_note': (f'Pretrained from [`{base}`](https://huggingface.co/{base}).' if base
                             else 'Trained from random initialisation.'),
         'epochs': str(summary['epochs']),
+        'epochs_trained': count_of(summary['epochs'], 'epoch'),
         'train_images': str(summary.get('train_images', '?')),
         'command': public_command(command) if command else 'python train_scripts/train_dino.py (not recorded)',
         'recipe_table': _table([[f'`{key}`', f'`{args[key]}`'] for key in DINO_RECIPE_KEYS

@@ -25,6 +25,7 @@ from timm_recursive.runs import (
     replace_output_dir,
     run_folder,
     selected_on,
+    temp_path_beside,
 )
 
 from .cards import render_model_card
@@ -97,21 +98,22 @@ def export_run(run_dir: str, out_dir: str, repo_id: Optional[str] = None, weight
         raise HubError(f'cannot export {run_dir}: {e}') from e
     run_name = os.path.basename(os.path.normpath(run_dir))
     repo_id = repo_id or f'{HUB_ORG}/{model.pretrained_cfg["architecture"]}.{run_name}'
-    tmp = f'{out_dir}.tmp'
-    shutil.rmtree(tmp, ignore_errors=True)
-    dino = is_dino_run(run)
-    export_model(model, tmp, label_names=run['summary'].get('class_names'),
-                 pretrained_cfg={'tag': f'dino_{dataset_name(run)}' if dino else dataset_name(run)})
-    with open(os.path.join(tmp, 'config.json')) as f:
-        cfg = json.load(f)['pretrained_cfg']
+    tmp = temp_path_beside(out_dir)  # out_dir.tmp may be the user's: never written, never removed
     try:
-        card = render_run_card(model, run, weights, repo_id, cfg)
-    except RunRecordError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise HubError(f'cannot export {run_dir}: {e}') from e
-    if include_pickle:
-        torch.save(model.state_dict(), os.path.join(tmp, 'pytorch_model.bin'))
-    with open(os.path.join(tmp, 'README.md'), 'w') as f:
-        f.write(card)
-    replace_output_dir(tmp, out_dir)
+        dino = is_dino_run(run)
+        export_model(model, tmp, label_names=run['summary'].get('class_names'),
+                     pretrained_cfg={'tag': f'dino_{dataset_name(run)}' if dino else dataset_name(run)})
+        with open(os.path.join(tmp, 'config.json')) as f:
+            cfg = json.load(f)['pretrained_cfg']
+        try:
+            card = render_run_card(model, run, weights, repo_id, cfg)
+        except RunRecordError as e:
+            raise HubError(f'cannot export {run_dir}: {e}') from e
+        if include_pickle:
+            torch.save(model.state_dict(), os.path.join(tmp, 'pytorch_model.bin'))
+        with open(os.path.join(tmp, 'README.md'), 'w') as f:
+            f.write(card)
+        replace_output_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already unless something failed
     return out_dir

@@ -29,8 +29,8 @@ from .checkpoint import (
 )
 from .export import INSTALL_COMMAND, export_model
 from .files import (
-    OUTPUT_MARKER, DestinationError, append_json_line, check_destination, replace_dir, replace_output_dir,
-    write_json_atomic)
+    OUTPUT_MARKER, DestinationError, append_json_line, check_destination, check_file_destination, check_folder_path,
+    replace_dir, replace_output_dir, respect_umask, temp_path_beside, write_json_atomic, write_results_file)
 from .folders import run_dir_for
 from .loading import check_input_size, create_classifier, create_model_from_checkpoint, create_model_from_run_args
 from .provenance import (

@@ -12,8 +12,10 @@ with accelerate 1.16, ``load_state()`` takes the highest-numbered ``checkpoints/
 cut short included (it fails on the missing files); ``total_limit`` removes the lowest-numbered
 folders of ``checkpoints/`` whoever wrote them; and the counter restarts at 0 in a new process, so a
 resumed run's states sort below the old ones and its first save removed its newest complete state.
-States here are named by progress (``epochEEEE[_stepSSSSSS]``), a state is only ever picked complete,
-and rotation only removes states of the same run (its ``run_id``).
+States here are named by progress (``epochEEEE`` after epoch EEEE, ``epochEEEE_stepSSSSSS`` after step SSSSSS
+of epoch EEEE, counted from 1, when a signal stopped it), a state is only ever picked complete (by the progress
+its ``trainer_state.json`` records, never by its name), and rotation only removes states of the same run (its
+``run_id``).
 """
 import json
 import os
@@ -26,7 +28,7 @@ from torch import nn
 from .files import replace_dir, write_json_atomic
 
 __all__ = [
-    'CheckpointError', 'CorruptStateError', 'TRAINER_STATE', 'save_state_atomic', 'save_numbered_state',
+    'CheckpointError', 'CorruptStateError', 'TRAINER_STATE', 'save_state_atomic', 'save_numbered_state', 'state_name',
     'find_states', 'find_last_state', 'states_to_resume', 'load_state_checked', 'resume_newest',
     'store_weights_as_timm', 'load_weights',
 ]
@@ -93,7 +95,8 @@ def find_states(checkpoint_dir: str) -> List[Tuple[str, dict]]:
     found = []
     for name in os.listdir(checkpoint_dir):
         path = os.path.join(checkpoint_dir, name)
-        state = None if name.endswith(('.tmp', '.old')) else _read_trainer_state(path)
+        # a save cut short (.tmp), a replaced state not yet removed (replace_dir's .old-XXXXXXXX)
+        state = None if name.endswith(('.tmp', '.old')) or '.old-' in name else _read_trainer_state(path)
         if state is not None:
             found.append((path, state))
     return sorted(found, key=lambda item: item[1]['progress'], reverse=True)
@@ -105,15 +108,22 @@ def find_last_state(checkpoint_dir: str) -> Optional[str]:
     return states[0][0] if states else None
 
 
+def state_name(epochs_done: int, step_in_epoch: int = 0) -> str:
+    """The folder name of a state saved after ``epochs_done`` whole epochs and ``step_in_epoch`` steps of the next:
+    ``epochEEEE`` at an epoch's end (the epoch just finished), ``epochEEEE_stepSSSSSS`` within one, EEEE the
+    epoch it was in, counted from 1 as the logs count (a stop at step 17 of epoch 2: ``epoch0002_step000017``)."""
+    if step_in_epoch:
+        return f'epoch{epochs_done + 1:04d}_step{step_in_epoch:06d}'
+    return f'epoch{epochs_done:04d}'
+
+
 def save_numbered_state(accelerator, checkpoint_dir: str, trainer_state: dict, keep: int,
                         modules: Optional[Dict[str, nn.Module]] = None) -> str:
-    """``save_state_atomic`` to ``checkpoint_dir/epochEEEE[_stepSSSSSS]`` (from ``trainer_state``'s ``epoch``
-    and ``step_in_epoch``), then remove all but the newest ``keep`` states of this run (its ``run_id``):
-    states another run left in the folder are never removed."""
+    """``save_state_atomic`` to ``checkpoint_dir/<state_name>`` (``state_name``), then remove all but the newest
+    ``keep`` states of this run (its ``run_id``): states another run left in the folder are never removed."""
     if keep < 1:
         raise ValueError(f'keep must be at least 1, got {keep}')
-    epoch, step = trainer_state['epoch'], trainer_state['step_in_epoch']
-    path = os.path.join(checkpoint_dir, f'epoch{epoch:04d}' + (f'_step{step:06d}' if step else ''))
+    path = os.path.join(checkpoint_dir, state_name(trainer_state['epoch'], trainer_state['step_in_epoch']))
     save_state_atomic(accelerator, path, trainer_state, modules)
     if accelerator.is_main_process:
         own = [p for p, state in find_states(checkpoint_dir) if state.get('run_id') == trainer_state['run_id']]
@@ -170,19 +180,23 @@ def resume_newest(accelerator, candidates: Sequence[str], run_config: Dict, keys
                   ) -> Tuple[Optional[str], Optional[dict]]:
     """``(folder, trainer state)`` of the first of ``candidates`` (newest first) that loads.
 
-    A corrupt state falls back to the next one, logged; when none loads, the newest one's error is
-    raised. A state of another run configuration raises at once: an older one would not fit either.
+    A corrupt state falls back to the next one, logged; when none loads, a ``CorruptStateError`` names every
+    state tried and why each failed. A state of another run configuration raises at once: an older one would
+    not fit either.
     """
-    first_error = None
+    errors = []
     for path in candidates:
         try:
             return path, load_state_checked(accelerator, path, run_config, keys, modules)
         except CorruptStateError as e:
-            first_error = first_error or e
+            errors.append(e)
             if path != candidates[-1]:
                 log(f'{e}; falling back to the previous state')
-    if first_error is not None:
-        raise first_error
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise CorruptStateError(f'none of the {len(errors)} training states loads: '
+                                + '; '.join(str(e).splitlines()[0] for e in errors)) from errors[0]
     return None, None
 
 

@@ -1,12 +1,16 @@
 """Writes that a crash cannot leave half done and that never destroy what they did not write: JSON files and
-folders replaced atomically, JSON lines synced, output folders marked as this package's."""
+folders replaced atomically, JSON lines synced, output folders marked as this package's, destinations checked
+before the work (``check_destination``, ``check_file_destination``, ``check_folder_path``), and files given the
+permissions the umask allows (``respect_umask``), whatever mode the library that wrote them chose."""
 import json
 import os
 import shutil
+import stat
 import uuid
 
 __all__ = ['write_json_atomic', 'append_json_line', 'replace_dir', 'OUTPUT_MARKER', 'DestinationError',
-           'check_destination', 'replace_output_dir']
+           'check_destination', 'replace_output_dir', 'check_file_destination', 'check_folder_path',
+           'respect_umask', 'write_results_file', 'temp_path_beside']
 
 # left in every output folder a command writes where the user chose (push-to-hub --out, probe compose --out):
 # a folder without it is not ours to replace
@@ -17,13 +21,54 @@ class DestinationError(ValueError):
     """An output path that holds something this package did not write there."""
 
 
+def temp_path_beside(path: str) -> str:
+    """A temporary name beside ``path`` that nobody else uses (``path.<random>.tmp``): writing there, or removing
+    it after a failure, destroys nothing of anyone's (``path.tmp`` may be a user's own file or folder)."""
+    return f'{path}.{uuid.uuid4().hex[:8]}.tmp'
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it: set it, then put it back
+    os.umask(mask)
+    return mask
+
+
+def respect_umask(path: str) -> None:
+    """Give ``path`` (a file, or every file and folder under a folder) the permissions a new file or folder gets
+    under the process umask (0644 and 0755 under umask 022). Libraries that write through a private temporary
+    file (safetensors' ``save_file``, hence ``model.safetensors``) leave it 0600, unlike every other file."""
+    mask = _umask()
+
+    def fix(name: str, is_dir: bool) -> None:
+        mode = stat.S_IMODE(os.lstat(name).st_mode)
+        wanted = (0o777 if is_dir or mode & 0o111 else 0o666) & ~mask
+        if mode != wanted:
+            os.chmod(name, wanted)
+
+    if not os.path.isdir(path):
+        fix(path, False)
+        return
+    for root, dirs, files in os.walk(path):
+        fix(root, True)
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                fix(os.path.join(root, name), False)
+
+
 def write_json_atomic(path: str, data) -> None:
-    tmp = f'{path}.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``data`` as JSON to ``path`` through a temporary file beside it, renamed into place once complete;
+    a failed write (a folder at ``path``, a full disk) removes the temporary file."""
+    tmp = temp_path_beside(path)
+    try:
+        with open(tmp, 'w') as f:
+            json.dump(data, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def append_json_line(path: str, data) -> None:
@@ -36,9 +81,11 @@ def append_json_line(path: str, data) -> None:
 
 def replace_dir(complete: str, directory: str) -> None:
     """Put the finished folder ``complete`` at ``directory``; a previous folder there is removed only afterwards.
-    For folders inside a run this package writes; a folder a user names goes through ``replace_output_dir``."""
+    For folders inside a run this package writes; a folder a user names goes through ``replace_output_dir``.
+    The files put there get the permissions of the umask (``respect_umask``)."""
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise DestinationError(f'{directory} is a file, not a folder')
+    respect_umask(complete)
     old = f'{directory}.old-{uuid.uuid4().hex[:8]}'  # a name nobody else uses: nothing of theirs is deleted
     if os.path.exists(directory):
         os.replace(directory, old)
@@ -64,3 +111,41 @@ def replace_output_dir(complete: str, directory: str) -> None:
     check_destination(directory)
     open(os.path.join(complete, OUTPUT_MARKER), 'w').close()
     replace_dir(complete, directory)
+
+
+def _nearest_existing(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def check_folder_path(directory: str, option: str = '') -> None:
+    """Refuse (``DestinationError``) a folder path that cannot be made a folder: a file is there, or a file stands
+    where one of its parent folders would be. ``option`` (e.g. ``--output``) names it in the message."""
+    name = f'{option} {directory}' if option else directory
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise DestinationError(f'{name} is a file, not a folder: give a folder path')
+    existing = _nearest_existing(directory)
+    if not os.path.isdir(existing):
+        raise DestinationError(f'{name} cannot be a folder: {existing} is a file')
+
+
+def check_file_destination(path: str, option: str = '') -> None:
+    """Refuse (``DestinationError``) a file path that cannot be written: a folder is there, or a file stands where
+    one of its parent folders would be (the folders themselves are made when missing). ``option`` (e.g.
+    ``--results-file``) names it in the message. Call it before the work, so nothing runs for a write that fails."""
+    name = f'{option} {path}' if option else path
+    if os.path.isdir(path):
+        raise DestinationError(f'{name} is a folder: give a file path, e.g. {os.path.join(path, "results.json")}')
+    parent = os.path.dirname(os.path.abspath(path))
+    existing = _nearest_existing(parent)
+    if not os.path.isdir(existing):
+        raise DestinationError(f'{name} cannot be written: {existing} is a file, not a folder')
+
+
+def write_results_file(path: str, data) -> None:
+    """``write_json_atomic`` to ``path``, its missing parent folders made first (a path ``check_file_destination``
+    passed)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_json_atomic(path, data)

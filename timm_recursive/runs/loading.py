@@ -14,15 +14,21 @@ from .checkpoint import CheckpointError, load_weights
 __all__ = ['create_classifier', 'create_model_from_checkpoint', 'create_model_from_run_args', 'check_input_size']
 
 
-def _create_model(model_name: str, **kwargs) -> nn.Module:
-    """``timm.create_model``, an argument the architecture refuses (unknown, out of range) a ``CheckpointError``."""
+# the errors of a model's own checks of its arguments (an unknown one, one out of range, timm's asserts)
+ARGUMENT_ERRORS = (TypeError, ValueError, AssertionError)
+
+
+def _create_model(model_name: str, argument_errors=ARGUMENT_ERRORS, shown_as: Optional[str] = None,
+                  **kwargs) -> nn.Module:
+    """``timm.create_model``, an argument the architecture refuses (unknown, out of range: ``argument_errors``) a
+    ``CheckpointError`` naming the model (``shown_as``, default ``model_name``) and the options that set them."""
     import timm
     try:
         return timm.create_model(model_name, **kwargs)
     except OSError:  # weights that cannot be fetched or read (some are ValueErrors too): the callers report those
         raise
-    except (TypeError, ValueError, AssertionError) as e:  # the model's own checks of its arguments (timm's assert)
-        raise CheckpointError(f'cannot build {model_name}: {type(e).__name__}: {e} '
+    except argument_errors as e:
+        raise CheckpointError(f'cannot build {shown_as or model_name}: {type(e).__name__}: {e} '
                               f'(check --model-kwargs and the options that set model arguments)') from e
 
 
@@ -41,7 +47,12 @@ def create_model_from_checkpoint(checkpoint: str, model_name: Optional[str] = No
         checkpoint = os.path.join(checkpoint, 'model')
     if os.path.isdir(checkpoint) and os.path.isfile(os.path.join(checkpoint, 'config.json')):
         try:
-            return timm.create_model(f'local-dir:{os.path.abspath(checkpoint)}', pretrained=True, **kwargs)
+            # a keyword the architecture refuses is reported as for a model built by name; a ValueError here is
+            # the folder's (its config.json, its weights)
+            return _create_model(f'local-dir:{os.path.abspath(checkpoint)}', (TypeError, AssertionError),
+                                 shown_as=f'the model of {checkpoint}', pretrained=True, **kwargs)
+        except CheckpointError:
+            raise
         except (RuntimeError, OSError, ValueError) as e:
             raise CheckpointError(f'cannot load exported model {checkpoint}: {type(e).__name__}: {e}') from e
     weights = checkpoint
