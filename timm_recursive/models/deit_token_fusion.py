@@ -16,7 +16,9 @@ instead: a DeiT weight file still loads, strictly, with the predictors as initia
 The algorithm is ``timm_recursive.layers.token_fusion``, the attention, block and
 ``apply_token_fusion(model, ...)`` (the same on any timm ``VisionTransformer`` instance, in place)
 ``timm_recursive.layers.token_fusion_patch``, laid out as ToMe's (Bolya et al. 2023) are. The
-registered names keep their published spelling, ``deit_{t,s,b}_tokenfuse``.
+registered names keep their published spelling, ``deit_{t,s,b}_tokenfuse``. ``mode='tome'`` with ``r``
+is ToMe (Bolya et al. 2023) instead: ``r`` tokens merged in every block by bipartite soft matching, with
+proportional attention; no parameters either (docs/token_fusion.md).
 """
 import functools
 from typing import Dict, List, Optional, Sequence, Tuple, Union
