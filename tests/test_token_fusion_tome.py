@@ -324,3 +324,16 @@ def test_train_command_fine_tunes_with_tome(tmp_path):
     assert math.isfinite(record['train_loss'])
     model = create_model_from_checkpoint(run)
     assert [b.fusion.r for b in model.blocks] == [3, 2] and model.token_counts(entering=True) == [17, 14]
+
+
+def test_the_sources_modes_keep_the_distillation_token_of_a_distilled_deit():
+    model, reference = _pair('deit_tiny_distilled_patch16_224', img_size=64)  # [CLS] + distillation token
+    x = torch.randn(2, 3, 64, 64)
+    apply_token_fusion(model, keep_rate=1.0, reduction_blocks=(1, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
+    for proportional in (False, True):
+        apply_token_fusion(model, keep_rate=0.5, reduction_blocks=(1, 5), proportional_attention=proportional)
+        assert block_token_counts(model, entering=True)[5:7] == [2 + 8 + 4, 2 + 6 + 4]  # 16 -> 8 + 4 -> 6 + 4
+        out, seen, records = _entering_counts(model, x)
+        assert seen == block_token_counts(model, entering=True) and out.shape == (2, 1000)
