@@ -12,7 +12,7 @@ import timm_recursive  # noqa: F401
 from timm.models.vision_transformer import Block, VisionTransformer
 from timm_recursive.layers import (
     ClsRowAttention, SizedBlocks, TokenMergingBlock, block_token_counts, bipartite_soft_matching, merge_by_size,
-    merge_tokens, merging_macs, num_merged, tome_r_schedule)
+    merge_tokens, merging_macs, num_merged, token_sources, tome_r_schedule)
 from timm_recursive.models import apply_token_fusion, record_token_fusion
 
 
@@ -227,10 +227,7 @@ def test_clear_errors():
         timm.create_model('deit_t_tokenfuse', mode='dynamicvit', proportional_attention=True)
     model = timm.create_model('deit_t_tokenfuse', mode='tome', r=2, img_size=32)
     with pytest.raises(RuntimeError, match='carries every token.s size from block to block'):
-        model.forward_intermediates(torch.randn(1, 3, 32, 32))
-    model.set_grad_checkpointing(True)
-    with pytest.raises(RuntimeError, match='gradient checkpointing'):
-        model(torch.randn(1, 3, 32, 32))
+        model.blocks[1](torch.randn(1, 5, 192))  # not the tensor block 0 returned: its sizes are unknown
     with pytest.raises(ValueError, match='attention masks are not supported'):
         timm.create_model('deit_t_tokenfuse', mode='tome', r=2, img_size=32).forward_features(
             torch.randn(1, 3, 32, 32), attn_mask=torch.ones(5, 5, dtype=torch.bool))
@@ -337,3 +334,44 @@ def test_the_sources_modes_keep_the_distillation_token_of_a_distilled_deit():
         assert block_token_counts(model, entering=True)[5:7] == [2 + 8 + 4, 2 + 6 + 4]  # 16 -> 8 + 4 -> 6 + 4
         out, seen, records = _entering_counts(model, x)
         assert seen == block_token_counts(model, entering=True) and out.shape == (2, 1000)
+
+
+@pytest.mark.parametrize('mode', ['tome', 'both'])
+def test_blocks_called_one_at_a_time_carry_the_sizes_intermediates_and_checkpointing(mode):
+    """timm's forward_intermediates and gradient checkpointing call the blocks one by one: the sizes go with the
+    tensors, so both give what the model's forward gives (tome, and a source mode with proportional attention)."""
+    torch.manual_seed(0)
+    kwargs = dict(r=3) if mode == 'tome' else dict(keep_rate=0.5, proportional_attention=True)
+    model = timm.create_model('deit_t_tokenfuse', mode=mode, img_size=64, num_classes=10, **kwargs)
+    x = torch.randn(2, 3, 64, 64)
+    model.eval()
+    with torch.no_grad():
+        tokens = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x))))
+        size = torch.ones(tokens.shape[:2])
+        expected = []
+        for block in model.blocks:  # the model's path: sizes passed from block to block
+            tokens, size = block(tokens, size=size)
+            expected.append(tokens[:, 1:])
+        final, nlc = model.forward_intermediates(x, output_fmt='NLC')
+        torch.testing.assert_close(final, model.norm(tokens))
+        torch.testing.assert_close(model.forward_head(final), model(x))
+        for got, want in zip(nlc, expected):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        with record_token_fusion(model) as records:
+            maps = model.forward_intermediates(x, indices=[11], intermediates_only=True)  # NCHW: 4 x 4 patches
+    stage = token_sources(list(records.values()), 16)[-1]
+    grid = maps[0].flatten(2).transpose(1, 2)
+    for b in range(2):
+        torch.testing.assert_close(grid[b], expected[11][b, stage['token'][b]])
+    if mode == 'tome':
+        assert torch.equal(stage['sizes'].float(), list(records.values())[-1]['size'][:, 1:])  # the last merge
+    model.train()  # gradient checkpointing: the same gradients
+    torch.manual_seed(1)
+    F.cross_entropy(model(x), torch.tensor([1, 2])).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    torch.manual_seed(1)
+    F.cross_entropy(model(x), torch.tensor([1, 2])).backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6)

@@ -337,20 +337,41 @@ def ratio_loss(keep_mask: torch.Tensor, target_keep_rate: torch.Tensor) -> torch
     return (keep_mask.float().mean(dim=1) - target_keep_rate).pow(2).mean()
 
 
+def _tome_sources(record: Dict[str, torch.Tensor], token: Optional[torch.Tensor], num_patches: int) -> torch.Tensor:
+    """``token`` (B, num_patches), the output patch token of every original patch, after one tome merge."""
+    P = int(record['num_prefix_tokens'])
+    src, dst = record['src_index'], record['dst_index']
+    kept = record['kept_index'][:, P:] - P  # input patch positions, in output order
+    B, n_out = kept.shape
+    n_in = n_out + src.shape[1]
+    if token is None:
+        if n_in != num_patches:
+            raise ValueError(f'the first reduction saw {n_in} patch tokens, not {num_patches}')
+        token = torch.arange(n_in, device=src.device).expand(B, n_in)
+    new_position = torch.zeros(B, n_in, dtype=torch.long, device=src.device)
+    new_position.scatter_(1, kept, torch.arange(n_out, device=src.device).expand(B, n_out))
+    new_position.scatter_(1, src, new_position.gather(1, dst))  # a merged token: where its destination went
+    return new_position.gather(1, token)
+
+
 def token_sources(records: List[Dict[str, torch.Tensor]], num_patches: int) -> List[Dict[str, torch.Tensor]]:
-    """Where every original patch went, after each recorded reduction (``record_token_fusion``).
+    """Where every original patch went, after each recorded reduction (``record_token_fusion``; tome merges too).
 
     Returns one dict per reduction: ``token`` (B, num_patches), the index among the output patch
     tokens that stands for each original patch (-1: dropped, when ``num_fused_tokens = 0``);
-    ``fused`` (B, num_patches) bool, whether that token is a fused one; ``sizes`` (B, outputs),
-    how many original patches each output patch token stands for.
+    ``fused`` (B, num_patches) bool, whether that token is a fused one (tome: a merged one, of size > 1);
+    ``sizes`` (B, outputs), how many original patches each output patch token stands for.
     """
     token: Optional[torch.Tensor] = None
     stages = []
     for record in records:
-        if 'keep_index' not in record:
-            raise ValueError('token_sources follows the reductions of the source\'s modes; a tome merge record '
-                             '(src_index, dst_index, kept_index, size) is not one')
+        if 'src_index' in record:  # a tome merge
+            token = _tome_sources(record, token, num_patches)
+            sizes = torch.zeros(token.shape[0], int(record['kept_index'].shape[1] - record['num_prefix_tokens']),
+                                dtype=torch.long, device=token.device)
+            sizes.scatter_add_(1, token, torch.ones_like(token))
+            stages.append({'token': token, 'fused': sizes.gather(1, token) > 1, 'sizes': sizes})
+            continue
         keep_index, fuse_index = record['keep_index'], record['fuse_index']
         B, n_keep = keep_index.shape
         n_in = n_keep + fuse_index.shape[1]
@@ -491,7 +512,8 @@ def merge_tokens(
     Returns:
         the tokens, their sizes and the record (empty when nothing was merged): ``src_index`` and
         ``dst_index`` (B, r), the patch positions (among the n) merged away and merged into;
-        ``kept_index`` (B, P + n - r), the input position of each output token; ``size``, the output sizes.
+        ``kept_index`` (B, P + n - r), the input position of each output token; ``size``, the output sizes;
+        ``num_prefix_tokens``.
     """
     P = num_prefix_tokens
     n = x.shape[1] - P
@@ -500,7 +522,8 @@ def merge_tokens(
         return x, size, {}
     src, dst = bipartite_soft_matching(metric[:, P:], r)
     out, new_size, kept = merge_by_size(x, size, src + P, dst + P)
-    record = {'src_index': src, 'dst_index': dst, 'kept_index': kept, 'size': new_size.detach()}
+    record = {'src_index': src, 'dst_index': dst, 'kept_index': kept, 'size': new_size.detach(),
+              'num_prefix_tokens': torch.tensor(P)}
     return out, new_size, record
 
 

@@ -310,18 +310,38 @@ class KeepMaskedBlocks(nn.Sequential):
         return x
 
 
-_STANDALONE = ('carries every token\'s size from block to block: run the blocks through model.blocks(x) (the '
-               'model\'s forward), not one at a time (forward_intermediates and gradient checkpointing do not '
-               'carry sizes; they are not supported with mode tome or proportional attention)')
+_SIZE_ATTRIBUTE = '_token_fusion_sizes'
 
 
-def _check_sized_call(block: nn.Module, size: Optional[torch.Tensor], attn_mask: Optional[torch.Tensor],
-                      is_causal: bool) -> torch.Tensor:
+def _sizes_of(block: nn.Module, x: torch.Tensor, size: Optional[torch.Tensor], attn_mask: Optional[torch.Tensor],
+              is_causal: bool) -> Tuple[torch.Tensor, bool]:
+    """The sizes (B, N) of the tokens ``x`` a sized block receives, and whether it was called on its own.
+
+    ``SizedBlocks`` passes them (the path of the model's forward, ``torch.compile`` and export). A block
+    called on its own, as timm's ``forward_intermediates`` and gradient checkpointing call them, finds them
+    on its input, where the block before it left them (an attribute of that tensor); the first block
+    starts at 1.
+    """
     if attn_mask is not None or is_causal:
         raise ValueError('token fusion changes the token count: attention masks are not supported')
-    if size is None:
-        raise RuntimeError(f'{type(block).__name__} {_STANDALONE}')
-    return size
+    if size is not None:
+        return size, False
+    if block.first_block:
+        return torch.ones(x.shape[:2], dtype=torch.float32, device=x.device), True
+    found = getattr(x, _SIZE_ATTRIBUTE, None)
+    if found is None or found.shape != x.shape[:2]:
+        raise RuntimeError(
+            f'{type(block).__name__} carries every token\'s size from block to block: called on its own it needs '
+            'the tensor the block before it returned (the model\'s forward, forward_intermediates and gradient '
+            'checkpointing pass it on), not a copy of it')
+    return found, True
+
+
+def _sized_output(x: torch.Tensor, size: torch.Tensor, standalone: bool) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    if standalone:  # a block called on its own returns the tokens, as timm's, with their sizes attached
+        setattr(x, _SIZE_ATTRIBUTE, size.detach())
+        return x
+    return x, size
 
 
 class TokenMerging(nn.Module):
@@ -365,11 +385,11 @@ class ProportionalBlock(Block):
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
             size: Optional[torch.Tensor] = None,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        size = _check_sized_call(self, size, attn_mask, is_causal)
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        size, standalone = _sizes_of(self, x, size, attn_mask, is_causal)
         attn_out, _ = self.attn.forward_proportional(self.norm1(x), size if self.proportional else None)
         x = x + self.drop_path1(self.ls1(attn_out))
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size
+        return _sized_output(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, standalone)
 
 
 class ProportionalTokenFusionBlock(TokenFusionBlock):
@@ -382,13 +402,13 @@ class ProportionalTokenFusionBlock(TokenFusionBlock):
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
             size: Optional[torch.Tensor] = None,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        size = _check_sized_call(self, size, attn_mask, is_causal)
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        size, standalone = _sizes_of(self, x, size, attn_mask, is_causal)
         attn_out, cls_row = self.attn.forward_with_cls_row(
             self.norm1(x), self.fusion.importance_score, size if self.proportional else None)
         x = x + self.drop_path1(self.ls1(attn_out))
         x, size = self.fusion.forward_sized(x, cls_row[:, self.num_prefix_tokens:], size, self.num_prefix_tokens)
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size
+        return _sized_output(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, standalone)
 
 
 @register_notrace_module  # its token count depends on r and the input: a leaf for FX
@@ -402,8 +422,8 @@ class TokenMergingBlock(TokenFusionBlock):
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
             size: Optional[torch.Tensor] = None,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        size = _check_sized_call(self, size, attn_mask, is_causal)
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        size, standalone = _sizes_of(self, x, size, attn_mask, is_causal)
         merges = self.fusion.r > 0
         if merges or self.proportional:
             attn_out, keys = self.attn.forward_proportional(
@@ -413,14 +433,15 @@ class TokenMergingBlock(TokenFusionBlock):
         x = x + self.drop_path1(self.ls1(attn_out))
         if keys is not None:
             x, size = self.fusion(x, size, keys, self.num_prefix_tokens)
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size
+        return _sized_output(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, standalone)
 
 
 class SizedBlocks(nn.Sequential):
     """``model.blocks`` of a ``tome`` model or one with proportional attention (same children and state dict keys
     as the ``nn.Sequential``): carries every token's size, the number of input tokens it stands for (1 at
-    the start, float32), from block to block. Only the ``blocks(x)`` call does: a block called on its own
-    (``forward_intermediates``, gradient checkpointing) raises."""
+    the start, float32), from block to block: each block is called with ``size=`` and returns the tokens and
+    their sizes. A block called on its own (timm's ``forward_intermediates`` and gradient checkpointing
+    call them so) returns the tokens only, their sizes attached to the tensor for the next block."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         size = torch.ones(x.shape[:2], dtype=torch.float32, device=x.device)
@@ -458,7 +479,7 @@ def _unpatch(model: VisionTransformer) -> None:
     """Every block back to timm's ``Block`` and ``Attention``, ``model.blocks`` to an ``nn.Sequential``."""
     for block in model.blocks:
         if type(block) in _OUR_BLOCKS:
-            for name in ('fusion', 'num_prefix_tokens', 'proportional'):
+            for name in ('fusion', 'num_prefix_tokens', 'proportional', 'first_block'):
                 if name in block.__dict__ or name in block._modules:
                     delattr(block, name)
             block.__class__ = Block
@@ -525,6 +546,7 @@ def apply_token_fusion(
             block.fusion = TokenMerging(rs[i])
             block.num_prefix_tokens = model.num_prefix_tokens
             block.proportional = proportional and any(v > 0 for v in rs[:i])
+            block.first_block = i == 0
         model.blocks.__class__ = SizedBlocks
         return model
     if r is not None:
@@ -559,6 +581,7 @@ def apply_token_fusion(
             block.attn.__class__ = ClsRowAttention
         if proportional:  # sizes differ from 1 only after the first reduction
             block.proportional = any(j < i for j in reduction_blocks)
+            block.first_block = i == 0
     if dynamicvit:
         model.blocks.__class__ = KeepMaskedBlocks
         model.blocks.num_prefix_tokens = model.num_prefix_tokens
