@@ -150,7 +150,8 @@ def test_proportional_attention_with_sizes_one_changes_nothing_and_counts_sizes(
             doubled = torch.cat([x, x[:, 4:5]], dim=1)
             sizes = torch.ones(2, 9)
             sizes[:, 4] = 2
-            torch.testing.assert_close(attn.forward_proportional(x, sizes)[0], attn(doubled)[:, :9], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(attn.forward_proportional(x, sizes)[0], attn(doubled)[:, :9],
+                                       rtol=1e-5, atol=1e-6)
             for score in ('cls_query', 'head_mean'):
                 row = attn.forward_with_cls_row(x, score, sizes)[1]
                 row2 = attn.forward_with_cls_row(doubled, score)[1]
@@ -313,10 +314,10 @@ def test_train_command_fine_tunes_with_tome(tmp_path):
     kwargs = ['img_size=16', 'patch_size=4', 'embed_dim=32', 'depth=2', 'num_heads=2', 'mode=tome', 'r=[3,2]',
               "pretrained_cfg_overlay={'input_size':(1,16,16),'crop_pct':1.0}"]
     assert load_script('train').main([
-        '--model', 'deit_t_tokenfuse', '--model-kwargs', *kwargs, '--drop-path', '0.1', '--dataset', 'digits',
-        '--in-chans', '1', '--max-train-samples', '64', '--max-eval-samples', '40', '--batch-size', '16',
-        '--eval-batch-size', '16', '--epochs', '1', '--warmup-epochs', '0', '--hflip', '0', '--no-progress',
-        '--output', run]) == 0
+        '--model', 'deit_t_tokenfuse', '--model-kwargs', *kwargs, '--drop-path', '0.1', '--grad-checkpointing',
+        '--dataset', 'digits', '--in-chans', '1', '--max-train-samples', '64', '--max-eval-samples', '40',
+        '--batch-size', '16', '--eval-batch-size', '16', '--epochs', '1', '--warmup-epochs', '0', '--hflip', '0',
+        '--no-progress', '--output', run]) == 0
     record = [json.loads(line) for line in open(f'{run}/metrics.jsonl')][-1]
     assert math.isfinite(record['train_loss'])
     model = create_model_from_checkpoint(run)

@@ -81,7 +81,7 @@ __all__ = [
 FUSION_MODES = ('both', 'importance', 'diversity', 'dynamicvit')
 IMPORTANCE_SCORES = ('cls_query', 'head_mean')
 DEFAULT_IMPORTANCE_SCORE = 'cls_query'  # the source's formula
-TOME_MODE = 'tome'  # ToMe's bipartite soft matching (``merge_tokens``): a mode of ``apply_token_fusion``, not of ``TokenFusion``
+TOME_MODE = 'tome'  # ToMe (``merge_tokens``): a mode of ``apply_token_fusion``, not of ``TokenFusion``
 R_SCHEDULES = ('constant', 'decreasing')
 
 
