@@ -7,7 +7,8 @@ added analytically (the density-peak clustering of Rodriguez & Laio 2014 / Du et
 O(n^2 d) in the fused tokens). A ``tome`` model (ToMe's token merging) is counted the same way: its
 similarity matrices are matmuls, which the counter sees, and the size-weighted merges it misses are added
 (``timm_recursive.layers.merging_macs``); the counter runs the real forward, so every block is counted at
-the tokens it receives (``tokens_per_block``). Used by ``benchmarks/token_fusion_cost.py`` and ``experiments/token_fusion_ablation/run.py``.
+the tokens it receives (``tokens_per_block``). Used by ``benchmarks/token_fusion_cost.py`` and
+``experiments/token_fusion_ablation/run.py``.
 
 ``keep_rate_for_budget`` finds the keep rate that lands a token fusion model at a MAC budget, to compare
 with other token reducers at equal MACs rather than at an equal keep rate (BAT and EViT report DeiT-S at

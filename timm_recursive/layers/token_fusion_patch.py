@@ -337,7 +337,9 @@ def _sizes_of(block: nn.Module, x: torch.Tensor, size: Optional[torch.Tensor], a
     return found, True
 
 
-def _sized_output(x: torch.Tensor, size: torch.Tensor, standalone: bool) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+def _sized_output(
+        x: torch.Tensor, size: torch.Tensor, standalone: bool,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     if standalone:  # a block called on its own returns the tokens, as timm's, with their sizes attached
         setattr(x, _SIZE_ATTRIBUTE, size.detach())
         return x
@@ -392,6 +394,7 @@ class ProportionalBlock(Block):
         return _sized_output(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, standalone)
 
 
+@register_notrace_module  # its token count depends on the data: a leaf for FX
 class ProportionalTokenFusionBlock(TokenFusionBlock):
     """``TokenFusionBlock`` in a ``SizedBlocks`` (the source's modes with proportional attention): the attention,
     the [CLS] importance row included, adds log(size); a fused token's size is the sum of its members'."""
