@@ -4,7 +4,11 @@
 ``torch.cdist``: the model is counted with the fused kernel off, and the clustering of every
 recorded reduction (pairwise distances and merges, ``timm_recursive.layers.clustering_macs``) is
 added analytically (the density-peak clustering of Rodriguez & Laio 2014 / Du et al. 2016 is
-O(n^2 d) in the fused tokens). Used by ``benchmarks/token_fusion_cost.py`` and ``experiments/token_fusion_ablation/run.py``.
+O(n^2 d) in the fused tokens). A ``tome`` model (ToMe's token merging) is counted the same way: its
+similarity matrices are matmuls, which the counter sees, and the size-weighted merges it misses are added
+(``timm_recursive.layers.merging_macs``); the counter runs the real forward, so every block is counted at
+the tokens it receives (``tokens_per_block``). Used by ``benchmarks/token_fusion_cost.py`` and
+``experiments/token_fusion_ablation/run.py``.
 
 ``keep_rate_for_budget`` finds the keep rate that lands a token fusion model at a MAC budget, to compare
 with other token reducers at equal MACs rather than at an equal keep rate (BAT and EViT report DeiT-S at
@@ -13,20 +17,21 @@ about 3.0 GMACs):
     timm-recursive token-fusion-cost --model deit_s_tokenfuse --budget-gmacs 3.0 \
         --fused-tokens 2 4 > budget.json
 """
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
 import torch
 from timm.layers import Attention
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from timm_recursive.layers import clustering_macs, record_token_fusion
+from timm_recursive.layers import clustering_macs, merging_macs, record_token_fusion
 
-__all__ = ['count_gmacs', 'keep_rate_for_budget']
+__all__ = ['count_gmacs', 'keep_rate_for_budget', 'tokens_per_block']
 
 
 def count_gmacs(model: nn.Module, image: torch.Tensor) -> Dict[str, float]:
-    """Counted GMACs of ``model(image)`` with fused attention off, and the analytic clustering GMACs the counter misses."""
+    """Counted GMACs of ``model(image)`` with fused attention off, and the analytic clustering (token fusion) and
+    merging (``tome``) GMACs the counter misses; ``gmacs`` is their sum."""
     attns = [m for m in model.modules() if isinstance(m, Attention)]
     fused = [a.fused_attn for a in attns]
     for a in attns:
@@ -42,9 +47,25 @@ def count_gmacs(model: nn.Module, image: torch.Tensor) -> Dict[str, float]:
     # a reduction that merges nothing (mode 'importance' with no fused tokens, 'dynamicvit') records no clusters
     clustering = sum(clustering_macs(r['fuse_index'].shape[1], dim, int(r['num_clusters']))
                      for r in reductions.values() if int(r.get('num_clusters', 0)) > 0)
+    merging = sum(merging_macs(r['src_index'].shape[1], dim) for r in reductions.values() if 'src_index' in r)
     counted = counter.get_total_flops() / 2  # the counter reports 2 FLOPs per multiply-accumulate
-    return {'counted_gmacs': counted / 1e9, 'clustering_gmacs': clustering / 1e9,
-            'gmacs': (counted + clustering) / 1e9}
+    return {'counted_gmacs': counted / 1e9, 'clustering_gmacs': clustering / 1e9, 'merging_gmacs': merging / 1e9,
+            'gmacs': (counted + clustering + merging) / 1e9}
+
+
+def tokens_per_block(model: nn.Module, image: torch.Tensor) -> List[int]:
+    """Tokens (prefix included) each block of ``model.blocks`` receives in ``model(image)``, measured by forward
+    pre-hooks (any ViT; ``block_token_counts`` gives the same from a patched model's settings)."""
+    seen: List[int] = []
+    hooks = [block.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
+             for block in model.blocks]
+    try:
+        with torch.inference_mode():
+            model(image)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
 
 
 def keep_rate_for_budget(build: Callable[[float], nn.Module], image: torch.Tensor, budget_gmacs: float,

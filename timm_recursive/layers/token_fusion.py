@@ -50,11 +50,22 @@ tokens, and neither term is one of DynamicViT's ratio or distillation losses).
 
 ``token_sources`` composes recorded reductions into, for every original patch, the token that
 stands for it now, and how many patches each token stands for.
+
+ToMe (``TOME_MODE``, a mode of ``token_fusion_patch.apply_token_fusion``; Bolya et al. 2023, written
+from the paper's description): every block merges ``r`` tokens (``tome_r_schedule``, at most half the
+non-prefix ones, ``num_merged``) by bipartite soft matching (``bipartite_soft_matching``: alternate
+tokens in sets A and B, each A token joined to its most similar B token by the cosine of the keys
+averaged over heads, the ``r`` most similar joins kept) and size-weighted means (``merge_by_size``),
+the prefix tokens never merged and the remaining tokens in their input order (``merge_tokens``). A
+token's size, the input tokens it stands for, is carried from block to block; proportional attention
+adds ``log(size)`` to the attention logits (``cls_importance`` takes it too). ``fused_sizes`` gives the
+sizes after one of the source's reductions, for its modes with proportional attention.
 """
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
 from .graph_capture import is_graph_capture
@@ -63,34 +74,46 @@ __all__ = [
     'FUSION_MODES', 'IMPORTANCE_SCORES', 'DEFAULT_IMPORTANCE_SCORE', 'cls_importance', 'num_kept',
     'fusion_output_counts', 'split_by_importance', 'density_peak_clusters', 'weighted_cluster_means', 'fuse_tokens',
     'fusion_objective_terms', 'token_sources', 'clustering_macs', 'gumbel_keep_mask', 'keep_mask_softmax', 'ratio_loss',
+    'TOME_MODE', 'R_SCHEDULES', 'tome_r_schedule', 'num_merged', 'bipartite_soft_matching', 'merge_by_size',
+    'merge_tokens', 'merging_macs', 'fused_sizes',
 ]
 
 FUSION_MODES = ('both', 'importance', 'diversity', 'dynamicvit')
 IMPORTANCE_SCORES = ('cls_query', 'head_mean')
 DEFAULT_IMPORTANCE_SCORE = 'cls_query'  # the source's formula
+TOME_MODE = 'tome'  # ToMe (``merge_tokens``): a mode of ``apply_token_fusion``, not of ``TokenFusion``
+R_SCHEDULES = ('constant', 'decreasing')
 
 
 def cls_importance(
         q: torch.Tensor, k: torch.Tensor, score: str = DEFAULT_IMPORTANCE_SCORE, attn: Optional[torch.Tensor] = None,
+        log_size: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Importance (B, N) of every token, the [CLS] query's (token 0) attention over them, float32, summing to 1.
+    """The importance of every token (B, N): the [CLS] query's attention over them, float32, summing to 1.
 
     Args:
         q, k: queries and keys (B, heads, N, head_dim), after any q/k norm.
         score: ``'cls_query'`` or ``'head_mean'`` (module docstring).
         attn: the attention probabilities (B, heads, N, N) when already computed; ``head_mean`` reads
             their [CLS] row. Without them (a fused kernel) that one row is computed alone, O(N d).
+        log_size: with proportional attention, the log of each token's size (B, N), added to the
+            [CLS] row's logits as the attention adds it (``attn``, when given, already has it).
     """
     if score == 'cls_query':
         B, H, N, D = k.shape
         q_cls = q[:, :, 0].reshape(B, 1, H * D)
         keys = k.transpose(1, 2).reshape(B, N, H * D)
-        return ((q_cls * (H * D) ** -0.5) @ keys.transpose(1, 2)).float().softmax(dim=-1).squeeze(1)
+        logits = ((q_cls * (H * D) ** -0.5) @ keys.transpose(1, 2)).float()
+        if log_size is not None:
+            logits = logits + log_size.float().unsqueeze(1)
+        return logits.softmax(dim=-1).squeeze(1)
     if score == 'head_mean':
         if attn is not None:
             return attn[:, :, 0].float().mean(dim=1)
-        row = (q[:, :, :1] * k.shape[-1] ** -0.5) @ k.transpose(-2, -1)
-        return row.float().softmax(dim=-1).mean(dim=1).squeeze(1)
+        row = ((q[:, :, :1] * k.shape[-1] ** -0.5) @ k.transpose(-2, -1)).float()
+        if log_size is not None:
+            row = row + log_size.float()[:, None, None, :]
+        return row.softmax(dim=-1).mean(dim=1).squeeze(1)
     raise ValueError('importance score must be one of cls_query, head_mean; got ' + score)  # TorchScript: no f-string
 
 
@@ -314,17 +337,41 @@ def ratio_loss(keep_mask: torch.Tensor, target_keep_rate: torch.Tensor) -> torch
     return (keep_mask.float().mean(dim=1) - target_keep_rate).pow(2).mean()
 
 
+def _tome_sources(record: Dict[str, torch.Tensor], token: Optional[torch.Tensor], num_patches: int) -> torch.Tensor:
+    """``token`` (B, num_patches), the output patch token of every original patch, after one tome merge."""
+    P = int(record['num_prefix_tokens'])
+    src, dst = record['src_index'], record['dst_index']
+    kept = record['kept_index'][:, P:] - P  # input patch positions, in output order
+    B, n_out = kept.shape
+    n_in = n_out + src.shape[1]
+    if token is None:
+        if n_in != num_patches:
+            raise ValueError(f'the first reduction saw {n_in} patch tokens, not {num_patches}')
+        token = torch.arange(n_in, device=src.device).expand(B, n_in)
+    new_position = torch.zeros(B, n_in, dtype=torch.long, device=src.device)
+    new_position.scatter_(1, kept, torch.arange(n_out, device=src.device).expand(B, n_out))
+    new_position.scatter_(1, src, new_position.gather(1, dst))  # a merged token: where its destination went
+    return new_position.gather(1, token)
+
+
 def token_sources(records: List[Dict[str, torch.Tensor]], num_patches: int) -> List[Dict[str, torch.Tensor]]:
-    """Where every original patch went, after each recorded reduction (``record_token_fusion``).
+    """Where every original patch went, after each recorded reduction (``record_token_fusion``; tome merges too).
 
     Returns one dict per reduction: ``token`` (B, num_patches), the index among the output patch
     tokens that stands for each original patch (-1: dropped, when ``num_fused_tokens = 0``);
-    ``fused`` (B, num_patches) bool, whether that token is a fused one; ``sizes`` (B, outputs),
-    how many original patches each output patch token stands for.
+    ``fused`` (B, num_patches) bool, whether that token is a fused one (tome: a merged one, of size > 1);
+    ``sizes`` (B, outputs), how many original patches each output patch token stands for.
     """
     token: Optional[torch.Tensor] = None
     stages = []
     for record in records:
+        if 'src_index' in record:  # a tome merge
+            token = _tome_sources(record, token, num_patches)
+            sizes = torch.zeros(token.shape[0], int(record['kept_index'].shape[1] - record['num_prefix_tokens']),
+                                dtype=torch.long, device=token.device)
+            sizes.scatter_add_(1, token, torch.ones_like(token))
+            stages.append({'token': token, 'fused': sizes.gather(1, token) > 1, 'sizes': sizes})
+            continue
         keep_index, fuse_index = record['keep_index'], record['fuse_index']
         B, n_keep = keep_index.shape
         n_in = n_keep + fuse_index.shape[1]
@@ -343,3 +390,144 @@ def token_sources(records: List[Dict[str, torch.Tensor]], num_patches: int) -> L
         sizes.scatter_add_(1, token.masked_fill(token < 0, n_keep + num_clusters), torch.ones_like(token))
         stages.append({'token': token, 'fused': token >= n_keep, 'sizes': sizes[:, :-1]})
     return stages
+
+
+def fused_sizes(size: torch.Tensor, record: Dict[str, torch.Tensor], num_prefix_tokens: int) -> torch.Tensor:
+    """The sizes (B, P + kept + clusters) of ``fuse_tokens``'s output tokens, from the sizes (B, P + N) of its input.
+
+    A kept token keeps its size; a fused token's size is the sum of its members' (the patches it stands for).
+    """
+    P = num_prefix_tokens
+    if not record:
+        return size
+    patch_size = size[:, P:]
+    parts = [size[:, :P], patch_size.gather(1, record['keep_index'])]
+    num_clusters = int(record['num_clusters'])
+    if num_clusters > 0:
+        members = patch_size.gather(1, record['fuse_index'])
+        parts.append(members.new_zeros(members.shape[0], num_clusters).scatter_add(1, record['assignment'], members))
+    return torch.cat(parts, dim=1)
+
+
+# ToMe: token merging by bipartite soft matching (Bolya et al. 2023, "Token Merging: Your ViT But Faster"),
+# written from the paper's description.
+
+def tome_r_schedule(r: Union[int, Sequence[int]], depth: int, schedule: str = 'constant') -> List[int]:
+    """Tokens to merge in each of ``depth`` blocks.
+
+    ``r`` an int: ``'constant'`` merges ``r`` in every block; ``'decreasing'`` (ToMe's decreasing schedule)
+    merges ``floor(2 r (depth - 1 - i) / (depth - 1))`` in block ``i`` (counting from 0): linearly from
+    ``2r`` in the first block to 0 in the last, about ``r * depth`` in all. ``r`` a sequence: one count per
+    block, as given (``schedule`` must then be ``'constant'``). Each block merges at most half its
+    non-prefix tokens whatever ``r`` asks (``num_merged``).
+    """
+    if schedule not in R_SCHEDULES:
+        raise ValueError(f'r_schedule must be one of {R_SCHEDULES}, got {schedule!r}')
+    if isinstance(r, (list, tuple)):
+        if schedule != 'constant':
+            raise ValueError(f'r_schedule={schedule!r} makes a schedule from one r; got a per-block r {list(r)}')
+        if len(r) != depth:
+            raise ValueError(f'a per-block r needs one count per block ({depth}), got {len(r)}: {list(r)}')
+        rs = [int(v) for v in r]
+    elif isinstance(r, (int, float)) and not isinstance(r, bool) and int(r) == r:
+        r = int(r)
+        if schedule == 'constant' or depth == 1:
+            rs = [r] * depth
+        else:
+            rs = [(2 * r * (depth - 1 - i)) // (depth - 1) for i in range(depth)]
+    else:
+        raise ValueError(f'r must be an int or one int per block, got {r!r}')
+    if any(v < 0 for v in rs):
+        raise ValueError(f'r must be >= 0 (tokens merged per block), got {rs}')
+    return rs
+
+
+def num_merged(r: int, num_patches: int) -> int:
+    """Tokens ToMe merges in a block of ``num_patches`` non-prefix tokens: ``r``, at most half of them."""
+    return max(0, min(int(r), num_patches // 2))
+
+
+def bipartite_soft_matching(metric: torch.Tensor, r: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """ToMe's bipartite soft matching of the non-prefix tokens of each image: which ``r`` tokens merge into which.
+
+    The tokens alternate between two sets, A (positions 0, 2, 4, ...) and B (1, 3, 5, ...); each token of
+    A is joined to its most similar token of B (cosine similarity of ``metric``; ties to the lower index),
+    and the ``r`` joins of highest similarity are kept.
+
+    Args:
+        metric: (B, n, C) features of the n non-prefix tokens (the keys averaged over heads).
+        r: joins to keep, ``1 <= r <= n // 2`` (``num_merged``).
+
+    Returns:
+        ``src`` and ``dst`` (B, r): positions among the n tokens of each merged A token and of the B
+        token it merges into. No gradient: the decisions are discrete.
+    """
+    metric = F.normalize(metric.detach().float(), dim=-1)
+    a, b = metric[:, 0::2], metric[:, 1::2]
+    similarity, partner = (a @ b.transpose(1, 2)).max(dim=-1)  # (B, |A|): each A token's best B token
+    src = similarity.topk(r, dim=-1).indices  # the r most similar joins
+    dst = partner.gather(1, src)
+    return 2 * src, 2 * dst + 1
+
+
+def merge_by_size(
+        x: torch.Tensor, size: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merge tokens ``src`` into tokens ``dst`` of ``x`` (B, N, C): size-weighted means, the merged tokens removed.
+
+    A destination becomes the mean of itself and everything merged into it, weighted by ``size`` (B, N)
+    (the tokens each stands for), and its size their sum; other tokens pass through unchanged. The
+    remaining tokens keep their order (a merged token stays at its destination's position).
+
+    Args:
+        src, dst: (B, r) positions in ``x``; no position both a source and a destination.
+
+    Returns:
+        the remaining tokens (B, N - r, C), their sizes (B, N - r), and their positions in ``x`` (B, N - r).
+    """
+    B, N, C = x.shape
+    r = src.shape[1]
+    size = size.float()
+    weighted = x.float() * size.unsqueeze(-1)
+    index = dst.unsqueeze(-1).expand(B, r, C)
+    sums = weighted.scatter_add(1, index, weighted.gather(1, src.unsqueeze(-1).expand(B, r, C)))
+    new_size = size.scatter_add(1, dst, size.gather(1, src))
+    merged = (sums / new_size.unsqueeze(-1)).to(x.dtype)
+    out = torch.where((new_size != size).unsqueeze(-1), merged, x)  # untouched tokens: exactly as they were
+    # the positions that remain, in order: sources sort after every other position (the keys are distinct)
+    positions = torch.arange(N, device=x.device, dtype=torch.float32).expand(B, N)
+    is_src = torch.zeros_like(positions).scatter(1, src, 1.)
+    kept = (positions + N * is_src).topk(N - r, dim=1, largest=False, sorted=True).indices
+    return out.gather(1, kept.unsqueeze(-1).expand(B, N - r, C)), new_size.gather(1, kept), kept
+
+
+def merge_tokens(
+        x: torch.Tensor, size: torch.Tensor, metric: torch.Tensor, r: int, num_prefix_tokens: int,
+) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
+    """One ToMe merge of tokens ``x`` (B, P + n, C) with sizes (B, P + n): ``num_merged(r, n)`` tokens fewer.
+
+    The P prefix tokens ([CLS], registers, distillation token) are never merged; the others are
+    matched on ``metric`` (B, P + n, D) by ``bipartite_soft_matching`` and merged by ``merge_by_size``.
+
+    Returns:
+        the tokens, their sizes and the record (empty when nothing was merged): ``src_index`` and
+        ``dst_index`` (B, r), the patch positions (among the n) merged away and merged into;
+        ``kept_index`` (B, P + n - r), the input position of each output token; ``size``, the output sizes;
+        ``num_prefix_tokens``.
+    """
+    P = num_prefix_tokens
+    n = x.shape[1] - P
+    r = num_merged(r, n)
+    if r == 0:
+        return x, size, {}
+    src, dst = bipartite_soft_matching(metric[:, P:], r)
+    out, new_size, kept = merge_by_size(x, size, src + P, dst + P)
+    record = {'src_index': src, 'dst_index': dst, 'kept_index': kept, 'size': new_size.detach(),
+              'num_prefix_tokens': torch.tensor(P)}
+    return out, new_size, record
+
+
+def merging_macs(num_merged_tokens: int, dim: int) -> int:
+    """Multiply-accumulates of one ToMe merge that FLOP counters miss: each merged token and its destination
+    weighted by their sizes and summed (the similarity matrix is a matmul, which they count)."""
+    return 2 * num_merged_tokens * dim

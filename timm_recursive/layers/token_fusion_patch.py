@@ -20,9 +20,14 @@ Importância e Diversidade de Tokens") put it.
   points during training forwards.
 - ``KeepPredictor`` and ``KeepMaskedBlocks``: mode ``dynamicvit``'s learned keep predictor, and the
   ``model.blocks`` that carry its keep mask from block to block in training.
+- Mode ``tome`` (ToMe's bipartite soft matching, ``token_fusion.merge_tokens``) and proportional attention:
+  ``TokenMerging`` (one block's merge), ``TokenMergingBlock`` (every block of a ``tome`` model),
+  ``ProportionalTokenFusionBlock`` and ``ProportionalBlock`` (the source's modes with
+  ``proportional_attention=True``), and ``SizedBlocks``, the ``model.blocks`` that carries every token's
+  size (the patches it stands for) from block to block; ``block_token_counts`` counts the tokens per block.
 """
 import contextlib
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -32,12 +37,14 @@ from timm.models.vision_transformer import Block, VisionTransformer
 
 from .attention_projections import ProjectedAttention
 from .token_fusion import (
-    DEFAULT_IMPORTANCE_SCORE, FUSION_MODES, IMPORTANCE_SCORES, cls_importance, fuse_tokens, fusion_objective_terms,
-    fusion_output_counts, gumbel_keep_mask, keep_mask_softmax)
+    DEFAULT_IMPORTANCE_SCORE, FUSION_MODES, IMPORTANCE_SCORES, TOME_MODE, cls_importance, fuse_tokens,
+    fused_sizes, fusion_objective_terms, fusion_output_counts, gumbel_keep_mask, keep_mask_softmax, merge_tokens,
+    num_merged, tome_r_schedule)
 
 __all__ = [
     'ClsRowAttention', 'ReductionPoint', 'KeepPredictor', 'TokenFusion', 'TokenFusionBlock', 'KeepMaskedBlocks',
-    'apply_token_fusion', 'record_token_fusion', 'TokenFusionObjective',
+    'apply_token_fusion', 'record_token_fusion', 'TokenFusionObjective', 'TokenMerging', 'TokenMergingBlock',
+    'ProportionalBlock', 'ProportionalTokenFusionBlock', 'SizedBlocks', 'block_token_counts',
 ]
 
 
@@ -45,21 +52,50 @@ class ClsRowAttention(ProjectedAttention):
     """timm ``Attention`` (same parameters) that can also return the importance of every token (``cls_importance``)."""
 
     def forward_with_cls_row(
-            self, x: torch.Tensor, score: str = DEFAULT_IMPORTANCE_SCORE,
+            self, x: torch.Tensor, score: str = DEFAULT_IMPORTANCE_SCORE, size: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """The attention output and the importance (B, N) of all N tokens, in float32, summing to 1.
 
         With the fused SDPA kernel, which returns no attention map, the [CLS] row is computed alone
-        (O(N d)) rather than giving up the kernel.
+        (O(N d)) rather than giving up the kernel. ``size`` (B, N): proportional attention
+        (``forward_proportional``), the importance row included.
         """
         q, k, v, gate = self.project_qkv(x)
+        log_size: Optional[torch.Tensor] = None
+        if size is not None:
+            log_size = size.log()
+        x, attn = self._attend(q, k, v, log_size)
+        return self.project_output(x, gate), cls_importance(q, k, score, attn, log_size)
+
+    def _attend(
+            self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_size: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Attention of ``q`` over ``k``, ``v`` with ``log_size`` (B, N) added to every row's logits; and the
+        probabilities, without the fused kernel."""
+        bias: Optional[torch.Tensor] = None
+        if log_size is not None:
+            bias = log_size.to(q.dtype)[:, None, None, :]
         attn: Optional[torch.Tensor] = None
         if self.fused_attn:
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.)
+            x = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.)
         else:
-            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            logits = (q * self.scale) @ k.transpose(-2, -1)
+            if bias is not None:
+                logits = logits + bias
+            attn = logits.softmax(dim=-1)
             x = self.attn_drop(attn) @ v
-        return self.project_output(x, gate), cls_importance(q, k, score, attn)
+        return x, attn
+
+    def forward_proportional(
+            self, x: torch.Tensor, size: Optional[torch.Tensor] = None, with_keys: bool = False,
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Proportional attention (ToMe): ``log(size)`` (B, N) of every key added to the logits, so that a
+        token standing for s patches counts as s of them (``size=None``: timm's attention). Returns the
+        output and, ``with_keys``, the keys averaged over heads (B, N, head_dim), ToMe's matching metric."""
+        q, k, v, gate = self.project_qkv(x)
+        out, _ = self._attend(q, k, v, None if size is None else size.log())
+        return self.project_output(out, gate), k.mean(dim=1) if with_keys else None
 
     def forward_with_keep_mask(self, x: torch.Tensor, keep_mask: torch.Tensor) -> torch.Tensor:
         """The attention output with the keys of ``keep_mask`` (B, N) 0 masked out (``keep_mask_softmax``).
@@ -204,6 +240,17 @@ class TokenFusion(nn.Module):
             self.reduction(x[:, num_prefix_tokens:], importance, record)
         return out
 
+    @torch.jit.ignore
+    def forward_sized(
+            self, x: torch.Tensor, importance: torch.Tensor, size: torch.Tensor, num_prefix_tokens: int = 1,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` that also carries the sizes (B, P + N): a fused token stands for all its members' patches."""
+        out, record = fuse_tokens(
+            x, importance, num_prefix_tokens, self.keep_rate, self.num_fused_tokens, self.knn, self.mode)
+        if len(record) > 0:
+            self.reduction(x[:, num_prefix_tokens:], importance, record)
+        return out, fused_sizes(size, record, num_prefix_tokens)
+
 
 @register_notrace_module  # its token count depends on the data: a leaf for FX
 class TokenFusionBlock(Block):
@@ -263,6 +310,190 @@ class KeepMaskedBlocks(nn.Sequential):
         return x
 
 
+_SIZE_ATTRIBUTE = '_token_fusion_sizes'
+
+
+def _sizes_of(block: nn.Module, x: torch.Tensor, size: Optional[torch.Tensor], attn_mask: Optional[torch.Tensor],
+              is_causal: bool) -> Tuple[torch.Tensor, bool]:
+    """The sizes (B, N) of the tokens ``x`` a sized block receives, and whether it was called on its own.
+
+    ``SizedBlocks`` passes them (the path of the model's forward, ``torch.compile`` and export). A block
+    called on its own, as timm's ``forward_intermediates`` and gradient checkpointing call them, finds them
+    on its input, where the block before it left them (an attribute of that tensor); the first block
+    starts at 1.
+    """
+    if attn_mask is not None or is_causal:
+        raise ValueError('token fusion changes the token count: attention masks are not supported')
+    if size is not None:
+        return size, False
+    if block.first_block:
+        return torch.ones(x.shape[:2], dtype=torch.float32, device=x.device), True
+    found = getattr(x, _SIZE_ATTRIBUTE, None)
+    if found is None or found.shape != x.shape[:2]:
+        raise RuntimeError(
+            f'{type(block).__name__} carries every token\'s size from block to block: called on its own it needs '
+            'the tensor the block before it returned (the model\'s forward, forward_intermediates and gradient '
+            'checkpointing pass it on), not a copy of it')
+    return found, True
+
+
+def _sized_output(
+        x: torch.Tensor, size: torch.Tensor, standalone: bool,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    if standalone:  # a block called on its own returns the tokens, as timm's, with their sizes attached
+        setattr(x, _SIZE_ATTRIBUTE, size.detach())
+        return x
+    return x, size
+
+
+class TokenMerging(nn.Module):
+    """One block's ToMe merge (``token_fusion.merge_tokens``): ``r`` tokens fewer, at most half the non-prefix ones.
+
+    Hook point ``reduction`` (``ReductionPoint``) is called with the non-prefix tokens, their sizes and
+    ``merge_tokens``'s record when tokens were merged.
+    """
+
+    def __init__(self, r: int = 0):
+        super().__init__()
+        if int(r) < 0:
+            raise ValueError(f'r must be >= 0 (tokens merged per block), got {r}')
+        self.r = int(r)
+        self.reduction = ReductionPoint()
+
+    def extra_repr(self) -> str:
+        return f'r={self.r}'
+
+    def num_outputs(self, num_patches: int) -> int:
+        """Non-prefix tokens left after merging in a block of ``num_patches``."""
+        return num_patches - num_merged(self.r, num_patches)
+
+    @torch.jit.ignore
+    def forward(
+            self, x: torch.Tensor, size: torch.Tensor, metric: torch.Tensor, num_prefix_tokens: int = 1,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        out, new_size, record = merge_tokens(x, size, metric, self.r, num_prefix_tokens)
+        if len(record) > 0:
+            self.reduction(x[:, num_prefix_tokens:], size[:, num_prefix_tokens:], record)
+        return out, new_size
+
+
+class ProportionalBlock(Block):
+    """timm ``Block`` (same parameters) in a ``SizedBlocks``: with ``proportional`` its attention adds the log of
+    every key's size to the logits; it carries the sizes on. Made by ``apply_token_fusion``."""
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+            size: Optional[torch.Tensor] = None,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        size, standalone = _sizes_of(self, x, size, attn_mask, is_causal)
+        attn_out, _ = self.attn.forward_proportional(self.norm1(x), size if self.proportional else None)
+        x = x + self.drop_path1(self.ls1(attn_out))
+        return _sized_output(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, standalone)
+
+
+@register_notrace_module  # its token count depends on the data: a leaf for FX
+class ProportionalTokenFusionBlock(TokenFusionBlock):
+    """``TokenFusionBlock`` in a ``SizedBlocks`` (the source's modes with proportional attention): the attention,
+    the [CLS] importance row included, adds log(size); a fused token's size is the sum of its members'."""
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+            size: Optional[torch.Tensor] = None,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        size, standalone = _sizes_of(self, x, size, attn_mask, is_causal)
+        attn_out, cls_row = self.attn.forward_with_cls_row(
+            self.norm1(x), self.fusion.importance_score, size if self.proportional else None)
+        x = x + self.drop_path1(self.ls1(attn_out))
+        x, size = self.fusion.forward_sized(x, cls_row[:, self.num_prefix_tokens:], size, self.num_prefix_tokens)
+        return _sized_output(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, standalone)
+
+
+@register_notrace_module  # its token count depends on r and the input: a leaf for FX
+class TokenMergingBlock(TokenFusionBlock):
+    """timm ``Block`` (same parameters) that merges ``fusion.r`` tokens (a ``TokenMerging``) between its attention
+    and its MLP, as ToMe does; its attention is proportional (``proportional``) once an earlier block merged."""
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+            size: Optional[torch.Tensor] = None,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        size, standalone = _sizes_of(self, x, size, attn_mask, is_causal)
+        merges = self.fusion.r > 0
+        if merges or self.proportional:
+            attn_out, keys = self.attn.forward_proportional(
+                self.norm1(x), size if self.proportional else None, with_keys=merges)
+        else:  # timm's own attention: r = 0 everywhere is the plain model, bit for bit
+            attn_out, keys = self.attn(self.norm1(x)), None
+        x = x + self.drop_path1(self.ls1(attn_out))
+        if keys is not None:
+            x, size = self.fusion(x, size, keys, self.num_prefix_tokens)
+        return _sized_output(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, standalone)
+
+
+class SizedBlocks(nn.Sequential):
+    """``model.blocks`` of a ``tome`` model or one with proportional attention (same children and state dict keys
+    as the ``nn.Sequential``): carries every token's size, the number of input tokens it stands for (1 at
+    the start, float32), from block to block: each block is called with ``size=`` and returns the tokens and
+    their sizes. A block called on its own (timm's ``forward_intermediates`` and gradient checkpointing
+    call them so) returns the tokens only, their sizes attached to the tensor for the next block."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = torch.ones(x.shape[:2], dtype=torch.float32, device=x.device)
+        for block in self:
+            x, size = block(x, size=size)
+        return x
+
+
+def block_token_counts(model: nn.Module, num_patches: Optional[int] = None, entering: bool = False) -> List[int]:
+    """Tokens (prefix included) per block of a token fusion or ``tome`` model, for ``num_patches`` patch tokens
+    (default: the model's): those each block's MLP runs on, or, ``entering``, those each block receives."""
+    n = model.patch_embed.num_patches if num_patches is None else num_patches
+    counts = []
+    for block in model.blocks:
+        before = n
+        if isinstance(block, TokenFusionBlock):
+            n = block.fusion.num_outputs(n)
+        counts.append((before if entering else n) + model.num_prefix_tokens)
+    return counts
+
+
+_OUR_BLOCKS = (TokenFusionBlock, ProportionalTokenFusionBlock, TokenMergingBlock, ProportionalBlock)
+
+
+def _check_blocks(model: VisionTransformer, indices: Sequence[int], what: str) -> None:
+    for i in indices:
+        block = model.blocks[i]
+        if type(block) not in (Block,) + _OUR_BLOCKS or type(block.attn) not in (Attention, ClsRowAttention):
+            raise TypeError(
+                f'block {i} is a {type(block).__name__} with {type(block.attn).__name__}; {what} patches '
+                'timm Block with timm Attention only')
+
+
+def _unpatch(model: VisionTransformer) -> None:
+    """Every block back to timm's ``Block`` and ``Attention``, ``model.blocks`` to an ``nn.Sequential``."""
+    for block in model.blocks:
+        if type(block) in _OUR_BLOCKS:
+            for name in ('fusion', 'num_prefix_tokens', 'proportional', 'first_block'):
+                if name in block.__dict__ or name in block._modules:
+                    delattr(block, name)
+            block.__class__ = Block
+        if type(block.attn) is ClsRowAttention:
+            block.attn.__class__ = Attention
+    if isinstance(model.blocks, (KeepMaskedBlocks, SizedBlocks)):
+        if 'num_prefix_tokens' in model.blocks.__dict__:
+            del model.blocks.num_prefix_tokens
+        model.blocks.__class__ = nn.Sequential
+
+
 def apply_token_fusion(
         model: VisionTransformer,
         keep_rate: float = 0.7,
@@ -271,59 +502,94 @@ def apply_token_fusion(
         knn: int = 5,
         mode: str = 'both',
         importance_score: str = DEFAULT_IMPORTANCE_SCORE,
+        r: Optional[Union[int, Sequence[int]]] = None,
+        r_schedule: str = 'constant',
+        proportional_attention: Optional[bool] = None,
 ) -> VisionTransformer:
-    """Make ``model`` (a timm ``VisionTransformer``) reduce its tokens after the attention of ``reduction_blocks``.
+    """Make ``model`` (a timm ``VisionTransformer``) reduce its tokens after the attention of ``reduction_blocks``,
+    or, ``mode='tome'``, merge ``r`` tokens in every block (ToMe).
 
     In place, parameters and state dict keys unchanged, but for mode ``dynamicvit``, which adds a
     ``fusion.predictor`` to each reduction block and makes ``model.blocks`` a ``KeepMaskedBlocks``;
     calling it again reconfigures the model (blocks no longer listed become plain ``Block``s, and
     predictors start afresh). ``reduction_blocks`` count from 0.
 
+    Mode ``tome`` reads ``r`` (required; an int, or one int per block), ``r_schedule`` (``'constant'`` or
+    ``'decreasing'``, ``token_fusion.tome_r_schedule``) and ``proportional_attention`` (default on, as
+    ToMe), not ``keep_rate``, ``reduction_blocks``, ``num_fused_tokens``, ``knn`` or ``importance_score``;
+    every block becomes a ``TokenMergingBlock`` and ``model.blocks`` a ``SizedBlocks``. It needs no [CLS]
+    token but a model that pools the [CLS] token (or nothing). The other modes take
+    ``proportional_attention=True`` too (default off, as the source): then every block is patched and
+    ``model.blocks`` is a ``SizedBlocks``.
+
     Raises:
         ValueError: ``keep_rate`` outside (0, 1], block indices out of range, an unknown ``mode`` or
-            ``importance_score`` (``timm_recursive.layers.TokenFusion``).
-        TypeError: not a ``VisionTransformer`` with a [CLS] token, or a reduction block that is not
-            timm's ``Block`` with timm's ``Attention`` (for ``dynamicvit``: any block that is not).
+            ``importance_score`` (``timm_recursive.layers.TokenFusion``); a bad ``r`` or ``r`` outside mode
+            ``tome``; ``tome`` with a pooling over the tokens; proportional attention with ``dynamicvit``.
+        TypeError: not a ``VisionTransformer`` with a [CLS] token (``tome``: any), or a block to patch that
+            is not timm's ``Block`` with timm's ``Attention``.
     """
     if not isinstance(model, VisionTransformer):
         raise TypeError(f'token fusion needs a timm VisionTransformer, got {type(model).__name__}')
+    depth = len(model.blocks)
+    if mode == TOME_MODE:
+        if r is None:
+            raise ValueError("mode='tome' needs r, the tokens merged per block (an int or one per block)")
+        rs = tome_r_schedule(r, depth, r_schedule)
+        if model.attn_pool is not None or model.global_pool not in ('token', ''):
+            raise ValueError(
+                f"mode='tome' needs [CLS] pooling: global_pool={model.global_pool!r} pools over the merged tokens, "
+                'each of which would count once, not for the patches it stands for')
+        _check_blocks(model, range(depth), 'token merging (tome)')
+        proportional = True if proportional_attention is None else bool(proportional_attention)
+        _unpatch(model)
+        for i, block in enumerate(model.blocks):
+            block.__class__ = TokenMergingBlock
+            block.attn.__class__ = ClsRowAttention
+            block.fusion = TokenMerging(rs[i])
+            block.num_prefix_tokens = model.num_prefix_tokens
+            block.proportional = proportional and any(v > 0 for v in rs[:i])
+            block.first_block = i == 0
+        model.blocks.__class__ = SizedBlocks
+        return model
+    if r is not None:
+        raise ValueError(f"r (tokens merged per block) is a setting of mode='tome', not of mode {mode!r}")
     if getattr(model, 'cls_token', None) is None:
         raise TypeError(f'token fusion ranks tokens by the [CLS] attention row: {type(model).__name__} has no class token')
-    depth = len(model.blocks)
     reduction_blocks = sorted(set(int(i) for i in reduction_blocks))
     if any(not 0 <= i < depth for i in reduction_blocks):
         raise ValueError(f'reduction_blocks must be block indices in [0, {depth}) (counting from 0), got {reduction_blocks}')
     # validates the arguments before anything changes
     TokenFusion(keep_rate, num_fused_tokens, knn, mode, importance_score, model.embed_dim)
     dynamicvit = mode == 'dynamicvit'
-    # dynamicvit's training forward masks the attention of every block after a reduction (KeepMaskedBlocks)
-    for i in range(depth) if dynamicvit else reduction_blocks:
-        block = model.blocks[i]
-        if type(block) not in (Block, TokenFusionBlock) or type(block.attn) not in (Attention, ClsRowAttention):
-            raise TypeError(
-                f'block {i} is a {type(block).__name__} with {type(block.attn).__name__}; token fusion patches '
-                'timm Block with timm Attention only')
+    proportional = bool(proportional_attention)
+    if proportional and dynamicvit:
+        raise ValueError('proportional attention weighs fused tokens by their size; mode dynamicvit fuses nothing '
+                         '(it discards tokens): every size stays 1')
+    # dynamicvit's training forward masks the attention of every block after a reduction (KeepMaskedBlocks);
+    # proportional attention changes every block's attention
+    _check_blocks(model, range(depth) if dynamicvit or proportional else reduction_blocks, 'token fusion')
+    _unpatch(model)
     for i, block in enumerate(model.blocks):
         if i in reduction_blocks:
             # same parameters: swapping the classes keeps the modules and their state dict keys
-            block.__class__ = TokenFusionBlock
+            block.__class__ = ProportionalTokenFusionBlock if proportional else TokenFusionBlock
             block.attn.__class__ = ClsRowAttention
             block.fusion = TokenFusion(keep_rate, num_fused_tokens, knn, mode, importance_score, model.embed_dim)
             block.num_prefix_tokens = model.num_prefix_tokens
-        else:
-            if isinstance(block, TokenFusionBlock):
-                del block.fusion
-                block.__class__ = Block
-            if dynamicvit:  # same forward as timm's Attention; the masked one is called by KeepMaskedBlocks only
-                block.attn.__class__ = ClsRowAttention
-            elif type(block.attn) is ClsRowAttention:
-                block.attn.__class__ = Attention
+        elif proportional:
+            block.__class__ = ProportionalBlock
+            block.attn.__class__ = ClsRowAttention
+        elif dynamicvit:  # same forward as timm's Attention; the masked one is called by KeepMaskedBlocks only
+            block.attn.__class__ = ClsRowAttention
+        if proportional:  # sizes differ from 1 only after the first reduction
+            block.proportional = any(j < i for j in reduction_blocks)
+            block.first_block = i == 0
     if dynamicvit:
         model.blocks.__class__ = KeepMaskedBlocks
         model.blocks.num_prefix_tokens = model.num_prefix_tokens
-    elif isinstance(model.blocks, KeepMaskedBlocks):
-        model.blocks.__class__ = nn.Sequential
-        del model.blocks.num_prefix_tokens
+    elif proportional:
+        model.blocks.__class__ = SizedBlocks
     return model
 
 

@@ -16,7 +16,9 @@ instead: a DeiT weight file still loads, strictly, with the predictors as initia
 The algorithm is ``timm_recursive.layers.token_fusion``, the attention, block and
 ``apply_token_fusion(model, ...)`` (the same on any timm ``VisionTransformer`` instance, in place)
 ``timm_recursive.layers.token_fusion_patch``, laid out as ToMe's (Bolya et al. 2023) are. The
-registered names keep their published spelling, ``deit_{t,s,b}_tokenfuse``.
+registered names keep their published spelling, ``deit_{t,s,b}_tokenfuse``. ``mode='tome'`` with ``r``
+is ToMe (Bolya et al. 2023) instead: ``r`` tokens merged in every block by bipartite soft matching, with
+proportional attention; no parameters either (docs/token_fusion.md).
 """
 import functools
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -29,7 +31,7 @@ from timm.models import vision_transformer
 from timm.models.vision_transformer import VisionTransformer
 
 from timm_recursive.layers import (
-    DEFAULT_IMPORTANCE_SCORE, TokenFusionBlock, apply_token_fusion, record_token_fusion, token_sources)
+    DEFAULT_IMPORTANCE_SCORE, apply_token_fusion, block_token_counts, record_token_fusion, token_sources)
 
 from ._vit_builder import create_vit_model, vit_cfg
 
@@ -51,6 +53,13 @@ class TokenFusionVisionTransformer(VisionTransformer):
             predictor keeps the tokens, the others are discarded).
         importance_score: ``'cls_query'`` (``softmax(Q_cls K^T / sqrt(d))`` over the full width, as
             the source writes it) or ``'head_mean'`` (the heads' [CLS] attention rows averaged).
+        r: mode ``'tome'`` only (and required there): tokens merged in every block by ToMe's bipartite
+            soft matching, an int or one int per block; ``keep_rate``, ``reduction_blocks``,
+            ``num_fused_tokens``, ``knn`` and ``importance_score`` are then not used.
+        r_schedule: ``'constant'`` or ``'decreasing'`` (ToMe's: from ``2r`` in the first block to 0 in the
+            last), for an int ``r``.
+        proportional_attention: add log(size) of every token to the attention logits (default: on for
+            ``'tome'``, off for the source's modes).
         **kwargs: ``VisionTransformer`` arguments (``block_fn`` and ``attn_layer`` excepted).
     """
 
@@ -62,23 +71,22 @@ class TokenFusionVisionTransformer(VisionTransformer):
             knn: int = 5,
             mode: str = 'both',
             importance_score: str = DEFAULT_IMPORTANCE_SCORE,
+            r: Optional[Union[int, Sequence[int]]] = None,
+            r_schedule: str = 'constant',
+            proportional_attention: Optional[bool] = None,
             **kwargs,
     ):
         for name in ('block_fn', 'attn_layer'):
             if name in kwargs:
                 raise TypeError(f'TokenFusionVisionTransformer sets {name} itself')
         super().__init__(**kwargs)
-        apply_token_fusion(self, keep_rate, reduction_blocks, num_fused_tokens, knn, mode, importance_score)
+        apply_token_fusion(self, keep_rate, reduction_blocks, num_fused_tokens, knn, mode, importance_score,
+                           r, r_schedule, proportional_attention)
 
-    def token_counts(self, num_patches: Optional[int] = None) -> List[int]:
-        """Tokens (prefix included) that each block's MLP runs on, for ``num_patches`` patches (default: the model's)."""
-        n = self.patch_embed.num_patches if num_patches is None else num_patches
-        counts = []
-        for block in self.blocks:
-            if isinstance(block, TokenFusionBlock):
-                n = block.fusion.num_outputs(n)
-            counts.append(n + self.num_prefix_tokens)
-        return counts
+    def token_counts(self, num_patches: Optional[int] = None, entering: bool = False) -> List[int]:
+        """Tokens (prefix included) that each block's MLP runs on, or, ``entering``, that each block receives, for
+        ``num_patches`` patches (default: the model's); ``block_token_counts`` does the same for any patched ViT."""
+        return block_token_counts(self, num_patches, entering)
 
     def forward_intermediates(
             self,
