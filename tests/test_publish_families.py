@@ -152,3 +152,14 @@ def test_token_fusion_objective_weights_are_in_the_recipe_of_token_fusion_cards(
     card = render_model_card(model, run, run['history'][-1], 'note.', 'me/tiny', model.pretrained_cfg)
     shown = '| `fusion_imp_weight` | `0.5` |' in card and '| `fusion_div_weight` | `0.25` |' in card
     assert shown == (family == 'TokenFusionVisionTransformer')
+
+
+@pytest.mark.slow
+def test_a_tome_deit_gets_a_card_that_says_it_merges(tmp_path):
+    run, out = str(tmp_path / 'run'), str(tmp_path / 'hub')
+    tome = ['--model', 'deit_t_tokenfuse', '--img-size', '16', '--model-kwargs', 'patch_size=4', 'depth=2',
+            'embed_dim=32', 'num_heads=2', 'mode=tome', 'r=3']
+    assert train_script.main(COMMON + tome + ['--output', run]) == 0
+    assert push_script.main([run, '--out', out, '--weights', 'last', '--repo-id', 'me/tiny', '--dry-run']) == 0
+    card = open(os.path.join(out, 'README.md')).read()
+    assert 'ToMe token merging' in card and '3 tokens per block merged' in card and 'Tokens per block: 17 -> 14' in card

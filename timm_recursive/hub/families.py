@@ -233,6 +233,18 @@ def _token_fusion_context(model: TokenFusionVisionTransformer, run: Dict, record
     blocks = ', '.join(str(i + 1) for i in fusions) or 'none'
     counts = ' -> '.join(str(n) for n in dict.fromkeys(
         [model.patch_embed.num_patches + model.num_prefix_tokens, *model.token_counts()]))
+    if first is not None and hasattr(first, 'r'):  # mode 'tome': ToMe's merging in every block
+        merged = sorted({block.r for block in fusions.values()})
+        fusion = (f'with ToMe token merging (Bolya et al., 2023, "Token Merging: Your ViT But Faster") in every '
+                  f'block, between its attention and its MLP: {"/".join(map(str, merged))} tokens per block merged '
+                  'by bipartite soft matching on the attention keys (size-weighted means), the [CLS] and other '
+                  'prefix tokens never, with proportional attention (the log of each token\'s size added to the '
+                  'attention logits)')
+    else:
+        fusion = (f'with token fusion after the attention of blocks {blocks} (counting from 1): the patch tokens '
+                  f'are ranked by the [CLS] attention row, the top {first.keep_rate if first else 1:.0%} of them '
+                  f'kept and the rest merged into {first.num_fused_tokens if first else 0} tokens by density-peak '
+                  'kNN clustering and importance-weighted means')
     return {
         **_vit_context(model),
         'summary': (f'A **token-fusion DeiT** from [timm-recursive]({PROJECT_URL}), trained on '
@@ -240,11 +252,8 @@ def _token_fusion_context(model: TokenFusionVisionTransformer, run: Dict, record
                     '[CLS] token attends to most and merges the others by clustering, so the later blocks run on '
                     'fewer tokens.'),
         'architecture_description': (
-            f'with token fusion after the attention of blocks {blocks} (counting from 1): the patch tokens are '
-            f'ranked by the [CLS] attention row, the top {first.keep_rate if first else 1:.0%} of them kept and the '
-            f'rest merged into {first.num_fused_tokens if first else 0} tokens by density-peak kNN clustering and '
-            f'importance-weighted means. Tokens per block: {counts}. No learnable parameters are added, so DeiT '
-            'checkpoints load unchanged.'),
+            f'{fusion}. Tokens per block: {counts}. No learnable parameters are added, so DeiT checkpoints load '
+            'unchanged.'),
         'source_design': ('token decoupling and fusion, from "Para Além dos Tokens Atentos: Vision Transformers '
                           'Eficientes com Importância e Diversidade de Tokens" (a technical summary, in Portuguese).'),
         'runtime_note': ('`torch.onnx.export` and `torch.export` work (the ranking then uses a full top-k and the '

@@ -40,7 +40,6 @@ def create_model_from_checkpoint(checkpoint: str, model_name: Optional[str] = No
     * training state folder (``checkpoints/epochN``) or a weights file: ``model_name`` (or the run's
       ``args.json`` two levels up) gives the architecture, then the weights load strictly.
     """
-    import timm
     if not os.path.exists(checkpoint):
         raise CheckpointError(f'checkpoint {checkpoint} does not exist')
     if os.path.isdir(checkpoint) and os.path.isfile(os.path.join(checkpoint, 'model', 'config.json')):
