@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Cost and speed of token fusion on DeiT-S: GMACs and inference images/s against the plain DeiT-S.
 
-    python benchmarks/token_fusion_cost.py [--json] [--repeats 5] [--keep-rates 0.5 0.6 0.7 0.8] [--device cpu] \
-        [--precision fp32]
+    python benchmarks/token_fusion_cost.py [--json] [--repeats 5] [--keep-rates 0.5 0.6 0.7 0.8] [--tome-r 13 16] \
+        [--device cpu] [--precision fp32]
 
-For ``deit_small_patch16_224`` and ``deit_s_tokenfuse`` at every keep rate (same weights):
+For ``deit_small_patch16_224``, ``deit_s_tokenfuse`` at every keep rate and, with ``--tome-r``, ToMe's merging
+(``mode='tome'``) at each ``r`` (same weights):
 
 * GMACs of one 224 px image, counted by ``torch.utils.flop_counter.FlopCounterMode`` with the fused
   attention kernel off (counters do not see inside it), plus the clustering cost it misses
@@ -36,6 +37,7 @@ BASELINE = 'deit_small_patch16_224'
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--keep-rates', type=float, nargs='+', default=[0.5, 0.6, 0.7, 0.8])
+    parser.add_argument('--tome-r', type=int, nargs='*', default=[], help="mode='tome' with these r (ToMe: 13, 16)")
     parser.add_argument('--batch-sizes', type=int, nargs='+', default=[32, 1])
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--device', default='cpu')
@@ -53,6 +55,10 @@ def measure(args: argparse.Namespace) -> dict:
         model = timm.create_model('deit_s_tokenfuse', keep_rate=keep_rate).to(args.device).eval()
         model.load_state_dict(baseline.state_dict())
         models[f'deit_s_tokenfuse keep={keep_rate}'] = model
+    for r in args.tome_r:
+        model = timm.create_model('deit_s_tokenfuse', mode='tome', r=r).to(args.device).eval()
+        model.load_state_dict(baseline.state_dict())
+        models[f'deit_s_tokenfuse tome r={r}'] = model
 
     results = {name: {'gmacs': count_gmacs(m, torch.randn(1, 3, 224, 224, device=args.device)),
                       'tokens_per_block': getattr(m, 'token_counts', lambda: [197] * len(m.blocks))()}
