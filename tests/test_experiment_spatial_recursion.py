@@ -87,3 +87,12 @@ def test_plot_draws_fixed_depths_exits_and_baselines(tmp_path):
     (folder / study_run.HALTING_RESULT).write_text(json.dumps({'thresholds': thresholds}))
     assert plot.halting_curve(tmp_path, 'dsa_k6_steps4') == ([(15.0, 80.5), (19.0, 80.9)], 1)
     assert plot.main([str(tmp_path)]) == 0 and (tmp_path / 'accuracy_vs_macs.png').stat().st_size > 0
+
+
+def test_glimpse_table_reads_the_kept_reports(tmp_path):
+    report = tmp_path / 'dsa_k6_steps16_mask_seen' / 'seed0' / 'report'
+    report.mkdir(parents=True)
+    (report / 'glimpses.json').write_text(json.dumps({'accuracy': [0.5, 0.625], 'glimpses': {
+        'new_regions': [10.0, 4.5], 'coverage': [0.2, 0.3]}}))
+    table = study_tables.glimpse_table(tmp_path)
+    assert '| 1 | 50.0 | 10.00 | 20.0 |' in table and '| 2 | 62.5 | 4.50 | 30.0 |' in table

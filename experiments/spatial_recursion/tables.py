@@ -123,6 +123,28 @@ def provenance_table(cells: Dict[str, List[dict]]) -> str:
                            'commit', 'date', 'hardware', 'wall time (min)'], rows)
 
 
+def glimpse_table(results: pathlib.Path) -> str:
+    """Per step, for every cell whose seed-0 report was kept (``results/<cell>/seed0/report/glimpses.json``,
+    ``timm-recursive report`` on its exported model): top-1, image regions read for the first time, and the share
+    of the image read so far."""
+    reports = {path.parents[2].name: json.loads(path.read_text())
+               for path in sorted(results.glob('*/seed0/report/glimpses.json'))}
+    if not reports:
+        return 'not measured yet: `timm-recursive report --checkpoint RUN --dataset fashion_mnist --num-images 1000`'
+    header, rows = ['step'], []
+    for name in reports:
+        header += [f'`{name}`: top-1 (%)', 'new regions', 'read so far (%)']
+    steps = max(len(r['accuracy']) for r in reports.values())
+    for t in range(steps):
+        row = [t + 1]
+        for r in reports.values():
+            g = r['glimpses']
+            row += ([f'{100 * r["accuracy"][t]:.1f}', f'{g["new_regions"][t]:.2f}', f'{100 * g["coverage"][t]:.1f}']
+                    if t < len(r['accuracy']) else ['', '', ''])
+        rows.append(row)
+    return markdown_table(header, rows)
+
+
 def held_out_change(runs: List[dict]) -> float:
     """Mean over seeds of the step-1-to-last change on the held-out training images (the exported epoch's), the
     figure a design is chosen by: no choice here reads a test image."""
@@ -153,6 +175,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     cells = cell_runs(results)
     if not cells:
         missing = 'not measured yet: `experiments/spatial_recursion/run.py`'
-        return dict.fromkeys(('design_search', 'per_step', 'macs', 'provenance', 'headline'), missing)
-    return {'design_search': design_search_table(cells), 'per_step': per_step_table(cells),
+        return {**dict.fromkeys(('design_search', 'per_step', 'macs', 'provenance', 'headline'), missing),
+                'glimpses': glimpse_table(results)}
+    return {'glimpses': glimpse_table(results),'design_search': design_search_table(cells), 'per_step': per_step_table(cells),
             'macs': macs_table(cells), 'provenance': provenance_table(cells), 'headline': headline(cells)}
