@@ -74,6 +74,8 @@ def test_baselines_train_at_28_px_and_count_their_multiply_adds(tmp_path):
     assert study_tables.design(summary) == 'vit_tiny_patch16_224, img_size=28, patch_size=4, depth=2'
     (macs,) = study_tables.macs_per_step(summary)
     assert 40e6 < macs < 50e6  # near the spatial DSA-MoE's 43 M at 16 steps
+    (resnet_macs,) = study_tables.macs_per_step({'model': 'resnet18', 'model_kwargs': {}, 'num_classes': 10})
+    assert 30e6 < resnet_macs < 36e6
 
 
 def test_plot_draws_fixed_depths_exits_and_baselines(tmp_path):
