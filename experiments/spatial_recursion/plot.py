@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     cells = tables.cell_runs(results)
     if not cells:
         parser.error(f'no finished run in {results}')
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(11, 5))
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)  # a colour per cell: more cells than the default cycle has
     for name, runs in cells.items():
         macs = [m / 1e6 for m in tables.macs_per_step(runs[0])]
         top1 = [statistics.fmean(v) for v in zip(*(s['test']['exported']['top1_per_step'] for s in runs))]
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
     ax.set_ylabel('test top-1 (%)')
     ax.set_title('FashionMNIST, 6,000 training images, 4 epochs: accuracy against compute', fontsize=10)
     ax.grid(alpha=.3)
-    ax.legend(fontsize=6.5, loc='lower right')
+    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     out = results / 'accuracy_vs_macs.png'
     fig.savefig(out, dpi=110)
