@@ -49,8 +49,8 @@ memory keys and values, which are not recomputed.
 error naming the sizes unless ``dynamic_img_size=True`` (the embedding is resampled with timm's
 ``resample_abs_pos_embed`` at every forward) or after ``set_input_size`` (resampled once).
 
-Nothing here has been trained yet: the design is a hypothesis about why the pooled steps are flat,
-not a result.
+What training it measured (the steps refine when each must read new regions, at a cost in accuracy against
+the pooled model): ``experiments/spatial_recursion``.
 """
 from typing import List, Optional, Tuple, Union
 
