@@ -72,7 +72,7 @@ def test_collect_then_tables(tmp_path):
     assert '| entmax | 0.250 | 0.500 |' in pieces['sparsity']
     assert '| entmax | 57.00 / 82.00 / 14.50 | 57.00 / 82.00 / 14.50 |' in pieces['dense']
     assert pieces['linear_gap'] == '+15.0 (+13.6 to +16.4)'
-    assert pieces['headline'].startswith('linear probe top-1 entmax 59.00%, reg4 44.00% (one seed; ViTs of width 192')
+    assert pieces['headline'].startswith('linear probe top-1 entmax 59.00%, reg4 44.00%; entmax - reg4 +15.0 (+13.6 to +16.4) points, 95% interval over the test images (one seed; ViTs of width 192')
     beside = pieces['beside_source'].splitlines()
     assert beside[0].startswith('| metric | source: CLS baseline | source: entmax-1.5 | source: register-4 |')
     linear = next(row for row in beside if row.startswith('| linear probe top-1'))
