@@ -105,3 +105,15 @@ def test_inference_speed_runs_every_model_in_inference_mode_and_compares_to_the_
     assert sorted(calls) == [(2, True)] * 4 + [(3, True)] * 4  # one warm-up and three timed calls each
     with pytest.raises(ValueError, match='repeats'):
         inference_speed(models, torch.randn(8, 4), 'small', repeats=0)
+
+
+def test_training_speed_trains_every_model_and_compares_to_the_baseline():
+    from timm_recursive.analysis.timing import training_speed
+    torch.manual_seed(0)
+    models = {'small': torch.nn.Linear(4, 3), 'large': torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Linear(64, 3))}
+    before = {name: [p.detach().clone() for p in m.parameters()] for name, m in models.items()}
+    speed = training_speed(models, torch.randn(8, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]), 'small', repeats=2)
+    assert set(speed) == {'small', 'large'} and speed['small']['speedup'] == 1.0
+    assert all(s['images_per_s'] > 0 for s in speed.values())
+    for name, m in models.items():  # one warm-up and two timed steps, each an optimizer step
+        assert m.training and all(not torch.equal(a, b) for a, b in zip(before[name], m.parameters()))

@@ -259,6 +259,31 @@ def test_cost_counts_the_merged_tokens_and_the_merges():
     assert cost['counted_gmacs'] < reference['counted_gmacs']
 
 
+def test_the_tome_schedule_for_a_mac_budget_has_the_fewest_merges_within_it():
+    from timm_recursive.analysis.token_fusion_cost import count_gmacs, tome_r_for_budget, tome_schedule
+    assert [tome_schedule(m, 4) for m in (0, 1, 3, 4, 9)] == [
+        [0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1], [3, 2, 2, 2]]
+    image = torch.randn(1, 3, 64, 64)
+    built = []
+
+    def build(r):
+        built.append(r)
+        torch.manual_seed(0)
+        return timm.create_model('deit_t_tokenfuse', mode='tome', r=r, img_size=64, depth=4, num_classes=10)
+
+    dense = count_gmacs(build(0).eval(), image)['gmacs']
+    budget = 0.7 * dense
+    found = tome_r_for_budget(build, image, budget, depth=4, max_r=8)
+    assert found['gmacs']['gmacs'] <= budget < found['gmacs_fewer_merges']
+    merges = sum(found['r'])
+    assert found['r'] == tome_schedule(merges, 4) and 0 < merges < 32
+    assert count_gmacs(build(tome_schedule(merges - 1, 4)).eval(), image)['gmacs'] > budget
+    assert len(built) < 12  # bisection, not a scan of the 33 schedules
+    assert tome_r_for_budget(build, image, 2 * dense, depth=4, max_r=8)['r'] == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match='below the cost at r=8'):
+        tome_r_for_budget(build, image, 0.01 * dense, depth=4, max_r=8)
+
+
 # --- export and compile, as tests/test_export.py does for the other modes -------------------------------------
 
 def _tiny_tome():

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List
 import torch
 from torch import nn
 
-__all__ = ['PRECISIONS', 'autocast', 'time_interleaved', 'median_seconds', 'inference_speed']
+__all__ = ['PRECISIONS', 'autocast', 'time_interleaved', 'median_seconds', 'inference_speed', 'training_speed']
 
 PRECISIONS = ('fp32', 'bf16')
 
@@ -65,4 +65,25 @@ def inference_speed(models: Dict[str, nn.Module], images: torch.Tensor, baseline
         return run
 
     seconds = median_seconds({name: infer(m) for name, m in models.items()}, repeats)
+    return {name: {'images_per_s': len(images) / s, 'speedup': seconds[baseline] / s} for name, s in seconds.items()}
+
+
+def training_speed(models: Dict[str, nn.Module], images: torch.Tensor, labels: torch.Tensor, baseline: str,
+                   repeats: int = 5, lr: float = 1e-4) -> Dict[str, Dict[str, float]]:
+    """Training images/s of every classifier (a model that returns logits): a training-mode forward on ``images``,
+    cross-entropy against ``labels``, the backward and an AdamW step (each model its own optimizer; the
+    weights change), interleaved, median over ``repeats``, and the speed-up over the model named ``baseline``.
+    A training loss's extra terms (token fusion's objective) are not part of the step."""
+    def train_step(model):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+
+        def run():
+            model.train()
+            loss = nn.functional.cross_entropy(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        return run
+
+    seconds = median_seconds({name: train_step(m) for name, m in models.items()}, repeats)
     return {name: {'images_per_s': len(images) / s, 'speedup': seconds[baseline] / s} for name, s in seconds.items()}

@@ -10,9 +10,9 @@ similarity matrices are matmuls, which the counter sees, and the size-weighted m
 the tokens it receives (``tokens_per_block``). Used by ``benchmarks/token_fusion_cost.py`` and
 ``experiments/token_fusion_ablation/run.py``.
 
-``keep_rate_for_budget`` finds the keep rate that lands a token fusion model at a MAC budget, to compare
-with other token reducers at equal MACs rather than at an equal keep rate (BAT and EViT report DeiT-S at
-about 3.0 GMACs):
+``keep_rate_for_budget`` finds the keep rate that lands a token fusion model at a MAC budget, and
+``tome_r_for_budget`` the ToMe schedule that does, to compare token reducers at equal MACs rather than at an
+equal keep rate or ``r`` (BAT and EViT report DeiT-S at about 3.0 GMACs):
 
     timm-recursive token-fusion-cost --model deit_s_tokenfuse --budget-gmacs 3.0 \
         --fused-tokens 2 4 > budget.json
@@ -26,7 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from timm_recursive.layers import clustering_macs, merging_macs, record_token_fusion
 
-__all__ = ['count_gmacs', 'keep_rate_for_budget', 'tokens_per_block']
+__all__ = ['count_gmacs', 'keep_rate_for_budget', 'tome_r_for_budget', 'tome_schedule', 'tokens_per_block']
 
 
 def count_gmacs(model: nn.Module, image: torch.Tensor) -> Dict[str, float]:
@@ -90,3 +90,37 @@ def keep_rate_for_budget(build: Callable[[float], nn.Module], image: torch.Tenso
         middle = (low + high) / 2
         low, high = (middle, high) if gmacs(middle) <= budget_gmacs else (low, middle)
     return {'keep_rate': round(low, 6), 'gmacs': counts[low], 'gmacs_above': gmacs(min(1.0, low + tolerance))}
+
+
+def tome_schedule(merges: int, depth: int) -> List[int]:
+    """The ``merges``-th ToMe schedule of ``tome_r_for_budget``'s order: ``r + 1`` tokens merged in the first ``j``
+    blocks and ``r`` in the others, where ``merges = r * depth + j``. Each next schedule merges one token more,
+    in the earliest block that merges fewer than the others, so the cost never grows along the order."""
+    r, j = divmod(int(merges), depth)
+    return [r + 1] * j + [r] * (depth - j)
+
+
+def tome_r_for_budget(build: Callable[[List[int]], nn.Module], image: torch.Tensor, budget_gmacs: float,
+                      depth: int, max_r: int) -> Dict:
+    """The ToMe schedule (one ``r`` per block, ``tome_schedule``'s order) with the fewest merges whose model,
+    ``build(r)``, costs at most ``budget_gmacs`` on ``image``, found by bisection over the order; ``max_r``
+    bounds the search (a block merges at most half its tokens). ToMe's constant ``r`` is the schedule with
+    ``j = 0``; between two constant ``r`` the extra merges go to the first blocks, where they save the most.
+    Returns the schedule, its ``count_gmacs`` and the cost of the schedule one merge fewer (None at ``r = 0``,
+    within the budget); a budget below the cost at ``max_r`` is a ValueError."""
+    counts: Dict[int, Dict[str, float]] = {}
+
+    def gmacs(merges: int) -> float:  # each schedule's model counted once
+        if merges not in counts:
+            counts[merges] = count_gmacs(build(tome_schedule(merges, depth)).eval(), image)
+        return counts[merges]['gmacs']
+
+    if gmacs(0) <= budget_gmacs:
+        return {'r': tome_schedule(0, depth), 'gmacs': counts[0], 'gmacs_fewer_merges': None}
+    low, high = 0, max_r * depth  # the cost at low is above the budget; find the first within it
+    if gmacs(high) > budget_gmacs:
+        raise ValueError(f'{budget_gmacs} GMACs is below the cost at r={max_r} in every block ({gmacs(high):.4f} GMACs)')
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if gmacs(middle) <= budget_gmacs else (middle, high)
+    return {'r': tome_schedule(high, depth), 'gmacs': counts[high], 'gmacs_fewer_merges': gmacs(high - 1)}
