@@ -61,6 +61,32 @@ def test_tables_choose_the_design_on_held_out_images_and_give_intervals_over_see
     assert '| `dsa_k6_steps4` | 2 | 4 | train holdout 10% |' in pieces['provenance']
 
 
+def test_full_data_cells_are_compared_with_the_pooled_full_runs_not_searched(tmp_path, monkeypatch):
+    spatial = 'recursive_dsa_moe_spatial_tiny.fashion_mnist'
+    pooled_dir = tmp_path / 'pooled'
+    monkeypatch.setattr(study_tables, 'POOLED_FULL', pooled_dir)
+    records = {
+        tmp_path / 'results' / 'dsa_k2_steps4' / 'seed0': _summary(spatial, {'num_steps': 4, 'topk': 2}, 0,
+                                                                   [70., 71., 72., 73.], [70.] * 4, '2026-12-05T10:00Z'),
+        **{tmp_path / 'results' / 'full_dsa_k2_steps4' / f'seed{s}': _summary(
+            spatial, {'num_steps': 4, 'topk': 2}, s, [90., 91., 92., 92. + s], [90., 91., 92., 93.],
+            f'2026-12-05T12:0{s}Z') for s in range(2)},
+        pooled_dir / 'recursive_dsa_moe_tiny' / 'seed0': _summary(
+            'recursive_dsa_moe_tiny.fashion_mnist', {'num_steps': 8}, 0, [91.] * 8, [91.] * 8, '2026-12-04T12:00Z'),
+    }
+    for folder, summary in records.items():
+        folder.mkdir(parents=True)
+        (folder / 'summary.json').write_text(json.dumps(summary))
+    pieces = study_tables.tables(tmp_path / 'results')
+    assert 'full_dsa' not in pieces['design_search'] and '`dsa_k2_steps4`' in pieces['headline']
+    rows = pieces['full_data'].splitlines()
+    assert rows[2].startswith('| `full_dsa_k2_steps4` | spatial, DSA k=2, MoE, 4 steps | 0, 1 | 90.00 (') and \
+        rows[2].endswith('| +2.50 (-3.85 to +8.85) | yes |')
+    assert rows[3].startswith('| `fashion_mnist_baselines/recursive_dsa_moe_tiny` | pooled, DSA k=6, MoE, 8 steps | 0 |')
+    assert rows[3].endswith('| no |')
+    assert '| `full_dsa_k2_steps4` | 1 |' in pieces['provenance']
+
+
 def test_nothing_measured_says_which_command_measures_it(tmp_path):
     assert all(text.startswith('not measured yet') for text in study_tables.tables(tmp_path).values())
 

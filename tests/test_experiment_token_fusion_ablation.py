@@ -126,3 +126,79 @@ def test_differences_of_cells_with_hits_carry_a_paired_interval():
     assert study_tables.difference(a, b, 100) == '+25.00 (+16.51 to +33.49)'
     assert study_tables.difference(a, None, 100) == '—'
     assert study_tables.difference({'top1': 75.0}, b, 100) == '+25.00 (no interval: per-image hits not kept)'
+
+
+merging = import_file(STUDY / 'merging.py')
+
+
+def test_merging_cells_build_the_models_they_name():
+    import timm
+    from timm_recursive.cli.args import ModelKwargs
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs)
+    tome = {**merging.method_settings('tome', 'head_mean'), **merging.setting('tome', [6, 6, 5, 5, 5, 5])}
+    assert parser.parse_args(['--model-kwargs', *merging.model_kwargs(tome)]).model_kwargs == tome
+    proportional = merging.method_settings('both_proportional', 'head_mean')
+    assert proportional == {'mode': 'both', 'importance_score': 'head_mean', 'num_fused_tokens': 4,
+                            'proportional_attention': True}
+    names = {merging.run_dir_name({**merging.method_settings(m, 'cls_query'), **merging.setting(m, v)})
+             for m, v in (('tome', 12), ('tome', [6, 6, 5, 5, 5, 5]), ('both', 0.6), ('both_proportional', 0.6))}
+    assert len(names) == 4 and all('/' not in n and ' ' not in n for n in names)
+    assert merging.objective_weights('tome', 0.1, 0.1) == {'alpha': 0., 'beta': 0., 'ratio_weight': 0.}
+    assert merging.objective_weights('both_proportional', 0.1, 0.1)['alpha'] == 0.1
+    assert merging.objective_weights('dynamicvit', 0.1, 0.1)['ratio_weight'] == ablation.DYNAMICVIT_RATIO_WEIGHT
+    for method in merging.METHODS:  # every method's setting builds the small ViT
+        value = [2] * ablation.ARCH['depth'] if method == 'tome' else 0.6
+        model = timm.create_model('deit_t_tokenfuse', **ablation.ARCH, in_chans=1, num_classes=10,
+                                  **merging.method_settings(method, 'cls_query'), **merging.setting(method, value))
+        assert model.token_counts()[-1] < 50, method
+
+
+def test_merging_tables_put_tome_beside_each_method_with_intervals(tmp_path):
+    from timm_recursive.analysis.intervals import pack_hits
+    pieces = study_tables.merging_tables(tmp_path)
+    assert pieces['merging_accuracy'].startswith('not measured yet: `python experiments/token_fusion_ablation/merging')
+
+    def cell(budget, method, fusion, top1_hits, mmacs):
+        return {'budget': budget, 'method': method, 'fusion': fusion, 'mmacs': mmacs, 'tokens_per_block': [44, 38],
+                'top1': 100 * sum(top1_hits) / len(top1_hits), 'hits': pack_hits(top1_hits)}
+
+    def runs(*top1):
+        return {f'seed{i}': {'top1': t} for i, t in enumerate(top1)}
+
+    right, wrong = [True] * 3 + [False], [True] * 2 + [False] * 2
+    results = {
+        'dense': {'top1': 80.0, 'test_images': 4},
+        'budgets': {'equal_macs': {'budget_mmacs': 10.91, 'dense_mmacs': 16.73, 'share_of_dense': 0.652,
+                                   'anchor_gmacs': 3.0},
+                    'equal_speed': {'target_speedup': 1.53, 'batch': 32, 'repeats': 21, 'threads': 1,
+                                    'reached': {'tome': True, 'diversity': False}}},
+        'cells': {'equal_macs tome': cell('equal_macs', 'tome', {'mode': 'tome', 'r': [6, 6, 5]}, right, 10.7),
+                  'equal_macs both': cell('equal_macs', 'both', {'mode': 'both', 'keep_rate': 0.599034}, wrong, 10.8),
+                  'equal_speed tome': cell('equal_speed', 'tome', {'mode': 'tome', 'r': 12}, right, 6.1),
+                  'equal_speed diversity': cell('equal_speed', 'diversity', {'mode': 'diversity', 'keep_rate': 0.25},
+                                                wrong, 8.5)},
+        'cost': {'dense': {'inference': {'images_per_s': 1500., 'speedup': 1.}, 'training': {'images_per_s': 480., 'speedup': 1.}},
+                 'equal_macs tome': {'inference': {'images_per_s': 1485., 'speedup': 0.99},
+                                     'training': {'images_per_s': 660., 'speedup': 1.375}}},
+        'finetuned': {'dense': runs(80., 81., 82.), 'equal_macs tome': runs(79., 80., 81.),
+                      'equal_macs both': runs(78., 78., 78.)},
+        'finetune_recipe': {'samples': 5000, 'epochs': 5, 'seeds': [0, 1, 2]},
+    }
+    (tmp_path / study_tables.MERGING).write_text(json.dumps(results))
+    pieces = study_tables.merging_tables(tmp_path)
+    cost = pieces['merging_cost']
+    assert '| ToMe | equal MACs | r = 6, 6, 5 | 10.70 | 44 / 38 | 1485 (0.99x) | 660 (1.38x) |' in cost
+    assert '| ToMe | equal images/s | r = 12 | 6.10 |' in cost
+    assert '| `diversity` | equal images/s | keep 0.25 (fastest measured: target not reached) |' in cost
+    accuracy = pieces['merging_accuracy']
+    assert 'mean of seeds 0, 1, 2' in accuracy
+    assert '| dense | — | 80.00 | — | 81.00 (78.52 to 83.48) | — |' in accuracy
+    # ToMe minus both: paired over the 4 test images off the shelf, by seed fine-tuned (+1, +2, +3)
+    assert '| `both` | equal MACs | 50.00 | +25.00 (' in accuracy and '| +2.00 (-0.48 to +4.48) |' in accuracy
+    assert '| `diversity` | equal images/s | 50.00 | +25.00 (' in accuracy and accuracy.endswith('| — | — |')
+    assert pieces['merging_headline'].startswith('at equal MACs off the shelf, ToMe 75.00% vs `both` 50.00%')
+    assert 'fine-tuned (3 seeds) ToMe minus `both` +2.00 (-0.48 to +4.48)' in pieces['merging_headline']
+    assert '1.53x the dense model' in pieces['merging_budgets'] and pieces['merging_recipe'] == '5 epochs on 5,000 training images'
+    assert all('nan' not in text for text in pieces.values())

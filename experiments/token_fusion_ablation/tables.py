@@ -1,4 +1,5 @@
-"""The token fusion ablation's tables, from ``results/results.json`` (written by ``run.py``).
+"""The token fusion ablation's tables, from ``results/results.json`` (written by ``run.py``) and ToMe's comparison
+from ``results/merging.json`` (written by ``merging.py``).
 
 A cell is named as ``run.py`` names it: the mode, then ``key=value`` settings
 (``both keep=0.5 importance_score=head_mean``, ``both keep=0.5 budget=True importance_score=head_mean
@@ -8,7 +9,7 @@ import json
 import pathlib
 from typing import Dict, List, Optional, Tuple
 
-from timm_recursive.analysis.intervals import format_interval, paired_hits_interval, unpack_hits
+from timm_recursive.analysis.intervals import format_interval, mean_interval, paired_hits_interval, unpack_hits
 from tools.generated_markdown import markdown_table, pct
 
 
@@ -139,6 +140,102 @@ def runs_table(results: pathlib.Path, r: Dict) -> str:
     return markdown_table(['off the shelf', 'keep', 'first run top-1 (%)', 'this run top-1 (%)', 'difference'], rows)
 
 
+MERGING = 'merging.json'
+MERGING_COMMAND = 'python experiments/token_fusion_ablation/merging.py'
+METHOD_NAMES = {'tome': 'ToMe', 'both': '`both`', 'importance': '`importance`', 'diversity': '`diversity`',
+                'both_proportional': '`both` + proportional attention', 'dynamicvit': 'DynamicViT'}
+BUDGET_NAMES = {'equal_macs': 'equal MACs', 'equal_speed': 'equal images/s'}
+DENSE_TOKENS = 50  # the small ViT's 49 patch tokens and [CLS] (run.py's ARCH)
+
+
+def _setting(fusion: Dict) -> str:
+    """A cell's reduction: ToMe's ``r`` (one number when every block merges as many) or the keep rate."""
+    if 'r' in fusion:
+        r = fusion['r'] if isinstance(fusion['r'], list) else [fusion['r']]
+        return f'r = {r[0]}' if len(set(r)) == 1 else 'r = ' + ', '.join(map(str, r))
+    return f'keep {fusion["keep_rate"]:.3g}'
+
+
+def _finetuned(runs: Optional[Dict]) -> str:
+    """Mean fine-tuned top-1 over the seeds, with the 95% interval over seeds."""
+    if not runs:
+        return '—'
+    return format_interval(*mean_interval([run['top1'] for run in runs.values()]))
+
+
+def _seed_difference(a: Optional[Dict], b: Optional[Dict]) -> str:
+    """Fine-tuned ``a`` minus ``b``, each seed's difference (the same seed: the same fine-tuning images and order),
+    averaged, with the 95% interval over seeds."""
+    if not a or not b:
+        return '—'
+    seeds = sorted(set(a) & set(b))
+    return format_interval(*mean_interval([a[s]['top1'] - b[s]['top1'] for s in seeds]), signed=True)
+
+
+def merging_tables(results: pathlib.Path) -> Dict[str, str]:
+    """ToMe beside the source's modes and DynamicViT at two budgets (``merging.py``'s cells), cost and accuracy."""
+    path = results / MERGING
+    if not path.exists():
+        missing = f'not measured yet: `{MERGING_COMMAND}` measures it'
+        return {'merging_cost': missing, 'merging_accuracy': missing, 'merging_headline': missing,
+                'merging_budgets': missing}
+    m = json.loads(path.read_text())
+    cells, cost, finetuned = m.get('cells', {}), m.get('cost', {}), m.get('finetuned', {})
+    budgets, images = m['budgets'], m['dense']['test_images']
+    speed = budgets.get('equal_speed', {})
+
+    def ratio(name: str, kind: str) -> str:
+        c = cost.get(name)
+        return '—' if c is None else f'{c[kind]["images_per_s"]:.0f} ({c[kind]["speedup"]:.2f}x)'
+
+    cost_rows = [['dense', '—', '—', f'{budgets["equal_macs"]["dense_mmacs"]:.2f}', str(DENSE_TOKENS),
+                  ratio('dense', 'inference'), ratio('dense', 'training')]]
+    accuracy_rows = [['dense', '—', pct(m['dense']['top1']), '—', _finetuned(finetuned.get('dense')), '—']]
+    for name, c in cells.items():
+        budget, method = c['budget'], c['method']
+        reached = speed.get('reached', {}).get(method, True) or budget != 'equal_speed'
+        setting = _setting(c['fusion']) + ('' if reached else ' (fastest measured: target not reached)')
+        cost_rows.append([METHOD_NAMES[method], BUDGET_NAMES[budget], setting, f'{c["mmacs"]:.2f}',
+                          _tokens(c['tokens_per_block']), ratio(name, 'inference'), ratio(name, 'training')])
+        tome = cells.get(f'{budget} tome')
+        versus = '—' if method == 'tome' else difference(tome, c, images)
+        versus_finetuned = '—' if method == 'tome' else _seed_difference(finetuned.get(f'{budget} tome'),
+                                                                           finetuned.get(name))
+        accuracy_rows.append([METHOD_NAMES[method], BUDGET_NAMES[budget], pct(c['top1']), versus,
+                              _finetuned(finetuned.get(name)), versus_finetuned])
+    seeds = sorted({seed for runs in finetuned.values() for seed in runs})
+    e = budgets['equal_macs']
+    budget_text = (f'equal MACs: at most {e["budget_mmacs"]:.2f} MMACs ({100 * e["share_of_dense"]:.1f}% of the dense '
+                   f'{e["dense_mmacs"]:.2f}, the anchors\' {e["anchor_gmacs"]:g} GMACs of DeiT-S)')
+    if speed:
+        budget_text += (f'; equal images/s: {speed["target_speedup"]:.2f}x the dense model\'s images/s at batch '
+                        f'{speed["batch"]} (the MAC budget\'s promise), measured on this CPU, {speed["threads"]} '
+                        f'thread, median of {speed["repeats"]} interleaved repeats')
+    headline = 'not measured yet'
+    both_macs, tome_macs = cells.get('equal_macs both'), cells.get('equal_macs tome')
+    if both_macs and tome_macs:
+        headline = (f'at equal MACs off the shelf, ToMe {pct(tome_macs["top1"])}% vs `both` {pct(both_macs["top1"])}% '
+                    f'(ToMe minus `both` {difference(tome_macs, both_macs, images)} points)')
+        if finetuned.get('equal_macs tome') and finetuned.get('equal_macs both'):
+            headline += (f'; fine-tuned ({len(seeds)} seeds) ToMe minus `both` '
+                         f'{_seed_difference(finetuned["equal_macs tome"], finetuned["equal_macs both"])}')
+    recipe = m.get('finetune_recipe')
+    return {
+        'merging_budgets': budget_text,
+        'merging_cost': markdown_table(
+            ['method', 'budget', 'setting', 'MMACs', 'tokens per block', f'inference images/s, batch '
+             f'{m.get("cost_setup", {}).get("inference_batch", 32)} (x dense)',
+             f'training images/s, batch {m.get("cost_setup", {}).get("training_batch", 128)} (x dense)'], cost_rows),
+        'merging_accuracy': markdown_table(
+            ['method', 'budget', 'off the shelf top-1 (%)', 'ToMe minus this, off the shelf (points)',
+             'fine-tuned top-1 (%)' + (f', mean of seeds {", ".join(s[4:] for s in seeds)}' if seeds else ''),
+             'ToMe minus this, fine-tuned (points)'], accuracy_rows),
+        'merging_recipe': (f'{recipe["epochs"]} epochs on {recipe["samples"]:,} training images' if recipe
+                           else 'not measured yet'),
+        'merging_headline': headline,
+    }
+
+
 def tables(results: pathlib.Path) -> Dict[str, str]:
     r = json.loads((results / 'results.json').read_text())
     cells, finetuned, cost = r['cells'], r['finetuned'], r['cost']
@@ -218,6 +315,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         'one_budget': one_budget_table(r),
         'one_budget_recipe': (f'{r["one_budget"]["epochs"]} epochs on {r["one_budget"]["samples"]:,} training images'
                               if r.get('one_budget') else 'not measured yet'),
+        **merging_tables(results),
         'headline': ('keep 0.5 off the shelf: ' + ', '.join(f'{m} {pct(c["top1"])}%' for m, c in keep_05.items() if c)
                      + f' (dense {pct(dense["top1"])}%; small ViT on FashionMNIST; '
                      + (f'chosen on {dense["selection_split"]}, reported on {dense["eval_images"]})'
