@@ -29,7 +29,6 @@ all interleaved with the dense model. No choice reads a test image.
 
 Writes ``merging.json`` to ``--out`` after every step; rerun to continue (each fine-tune resumes or is skipped).
 """
-import argparse
 import json
 import os
 import pathlib
@@ -47,7 +46,7 @@ from timm_recursive.analysis.token_fusion_cost import (  # noqa: E402
     count_gmacs, keep_rate_for_budget, tome_r_for_budget)
 from timm_recursive.layers import IMPORTANCE_SCORES  # noqa: E402
 from timm_recursive.runs import (  # noqa: E402
-    DirtyCheckoutError, provenance, require_clean_checkout, typed_command, write_json_atomic)
+    provenance, typed_command)
 
 ablation = import_file(pathlib.Path(__file__).resolve().parent / 'run.py')
 
@@ -100,26 +99,12 @@ def run_dir_name(fusion: Dict[str, object]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--out', default=os.path.join(ablation.ROOT, 'runs', 'token_fusion_ablation'))
-    p.add_argument('--alpha', type=float, default=0.1, help='weight of L_imp in the source modes\' fine-tunes')
-    p.add_argument('--beta', type=float, default=0.1, help='weight of L_div in the source modes\' fine-tunes')
+    p = ablation.study_arguments(__doc__.split('\n')[0])
     p.add_argument('--repeats', type=int, default=21, help='timing repeats (interleaved, median)')
-    p.add_argument('--allow-dirty', action='store_true', help='save results from a checkout with uncommitted changes')
     args = p.parse_args(argv)
-    try:
-        require_clean_checkout(args.allow_dirty)
-    except DirtyCheckoutError as e:
-        p.error(str(e))
-    out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
-    results_path = os.path.join(out, 'merging.json')
-    results = json.load(open(results_path)) if os.path.isfile(results_path) else {}
-
-    def save():
-        write_json_atomic(results_path, results)
-
+    results_path, results, save = ablation.open_results(p, args, 'merging.json')
     start = time.perf_counter()
+    out = os.path.dirname(results_path)
     dense_dir = os.path.join(out, 'dense')
     ablation.train(ablation.DENSE, dense_dir)
     dense = ablation.fused_model(dense_dir, keep_rate=1.0)
@@ -136,10 +121,7 @@ def main(argv=None) -> int:
                             'eval_images': f'test[0:{ablation.TEST_IMAGES}]',
                             'selection_images': f'held-out training images [0:{ablation.SELECTION_IMAGES}]'}
         save()
-    elif abs(results['dense']['top1'] - dense_accuracy['top1']) > 1e-6:
-        print(f'error: the dense model in {dense_dir} scores {dense_accuracy["top1"]:.2f}% where {results_path} '
-              f'recorded {results["dense"]["top1"]:.2f}%: its cells were measured on other weights; use a fresh --out',
-              file=sys.stderr)
+    elif ablation.other_dense_weights(results, dense_accuracy['top1'], dense_dir, results_path):
         return 2
     image = test[0]['pixel_values'][:1]
     depth = ablation.ARCH['depth']

@@ -178,27 +178,49 @@ def one_budget_runs(score: str) -> List[Tuple[str, List[str], float]]:
 
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+def study_arguments(description: str) -> argparse.ArgumentParser:
+    """The options this study's scripts share: ``--out`` (the dense model and every result), the fine-tunes'
+    objective weights and ``--allow-dirty``."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument('--out', default=os.path.join(ROOT, 'runs', 'token_fusion_ablation'))
-    p.add_argument('--finetune-samples', type=int, default=1000, help='training images of each fine-tune (1 epoch)')
-    p.add_argument('--alpha', type=float, default=0.1, help='weight of L_imp in the fine-tunes')
-    p.add_argument('--beta', type=float, default=0.1, help='weight of L_div in the fine-tunes')
-    p.add_argument('--repeats', type=int, default=3, help='timing repeats')
+    p.add_argument('--alpha', type=float, default=0.1, help='weight of L_imp in the source modes\' fine-tunes')
+    p.add_argument('--beta', type=float, default=0.1, help='weight of L_div in the source modes\' fine-tunes')
     p.add_argument('--allow-dirty', action='store_true', help='save results from a checkout with uncommitted changes')
-    args = p.parse_args(argv)
+    return p
+
+
+def open_results(parser: argparse.ArgumentParser, args: argparse.Namespace, file_name: str):
+    """Refuse a dirty checkout (unless ``--allow-dirty``), then ``--out``'s ``file_name``: its path, what it holds
+    so far (a rerun continues it) and the function that saves it (atomically, after every step)."""
     try:
         require_clean_checkout(args.allow_dirty)
     except DirtyCheckoutError as e:
-        p.error(str(e))
+        parser.error(str(e))
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    results_path = os.path.join(out, 'results.json')
-    results = json.load(open(results_path)) if os.path.isfile(results_path) else {}
+    path = os.path.join(out, file_name)
+    results = json.load(open(path)) if os.path.isfile(path) else {}
+    return path, results, lambda: write_json_atomic(path, results)
 
-    def save():
-        write_json_atomic(results_path, results)
 
+def other_dense_weights(results: Dict, measured_top1: float, dense_dir: str, path: str) -> bool:
+    """Whether ``results`` were measured on other dense weights than ``dense_dir``'s (then says so on stderr):
+    mixing their cells with new ones would compare two models."""
+    if 'dense' not in results or abs(results['dense']['top1'] - measured_top1) <= 1e-6:
+        return False
+    print(f'error: the dense model in {dense_dir} scores {measured_top1:.2f}% where {path} recorded '
+          f'{results["dense"]["top1"]:.2f}%: its cells were measured on other weights; use a fresh --out',
+          file=sys.stderr)
+    return True
+
+
+def main(argv=None) -> int:
+    p = study_arguments(__doc__.split('\n')[0])
+    p.add_argument('--finetune-samples', type=int, default=1000, help='training images of each fine-tune (1 epoch)')
+    p.add_argument('--repeats', type=int, default=3, help='timing repeats')
+    args = p.parse_args(argv)
+    results_path, results, save = open_results(p, args, 'results.json')
+    out = os.path.dirname(results_path)
     dense_dir = os.path.join(out, 'dense')
     start = time.perf_counter()
     train(DENSE, dense_dir)
@@ -218,11 +240,7 @@ def main(argv=None) -> int:
                             'eval_images': f'test[0:{TEST_IMAGES}]', 'test_images': TEST_IMAGES,
                             'selection_images': f'held-out training images [0:{SELECTION_IMAGES}]'}
         save()
-    elif abs(results['dense']['top1'] - dense_top1) > 1e-6:
-        # the recorded cells belong to other dense weights: mixing them would compare two models
-        print(f'error: the dense model in {dense_dir} scores {dense_top1:.2f}% where {results_path} recorded '
-              f'{results["dense"]["top1"]:.2f}%: its cells were measured on other weights; use a fresh --out',
-              file=sys.stderr)
+    elif other_dense_weights(results, dense_top1, dense_dir, results_path):
         return 2
     cells = results.setdefault('cells', {})
 

@@ -115,29 +115,46 @@ def beside_source(results: pathlib.Path, r: Dict) -> str:
     return markdown_table(['claim', 'source (seed 001)', 'here', 'where this project measures it'], rows)
 
 
+# earlier runs of the study, each on its own dense model (kept, not rerun): folder, label
+EARLIER_RUNS = (('first_run', 'first run'), ('test_selected', 'second run'))
+
+
+def _earlier_runs(results: pathlib.Path) -> List[Tuple[str, Dict]]:
+    return [(label, json.loads((results / folder / 'results.json').read_text()))
+            for folder, label in EARLIER_RUNS if (results / folder / 'results.json').exists()]
+
+
+def _evaluated_on(r: Dict) -> str:
+    """Which images a run's cells were measured on, and which images chose its dense epoch and score."""
+    dense = r['dense']
+    chosen = dense.get('selection_split', 'test images 0-1999')
+    return f'{dense.get("eval_images", "test[2000:5000]")}, chosen on {chosen}'
+
+
 def dense_runs(results: pathlib.Path, r: Dict) -> str:
-    """The dense model's top-1 in this run and in the first, as prose."""
-    first_path = results / 'first_run' / 'results.json'
-    first = json.loads(first_path.read_text())['dense']['top1'] if first_path.exists() else None
-    return f'{pct(r["dense"]["top1"])}% where the first scored {pct(first)}%'
+    """The dense model's top-1 in this run and in the earlier ones, as prose."""
+    earlier = _earlier_runs(results)
+    return f'{pct(r["dense"]["top1"])}% ({_evaluated_on(r)})' + ''.join(
+        f', where the {label} scored {pct(e["dense"]["top1"])}% ({_evaluated_on(e)})' for label, e in earlier)
 
 
 def runs_table(results: pathlib.Path, r: Dict) -> str:
-    """Off-the-shelf top-1 of this run beside the first run's (``first_run/results.json``, another dense model
-    trained by the same command): how far the cells move between two dense models."""
-    first_path = results / 'first_run' / 'results.json'
-    if not first_path.exists():
+    """Off-the-shelf top-1 of this run beside the earlier runs' (``first_run/``, ``test_selected/``: other dense
+    models, trained by the study's command of their day): how far the cells move between dense models. The runs
+    were measured on different test images (the header says which), so the columns are not paired."""
+    earlier = _earlier_runs(results)
+    if not earlier:
         return 'no earlier run kept'
-    first = json.loads(first_path.read_text())
-    rows = [['dense', '1.0', pct(first['dense']['top1']), pct(r['dense']['top1']),
-             f'{r["dense"]["top1"] - first["dense"]["top1"]:+.2f}']]
-    for name, cell in r['cells'].items():
+    runs = earlier + [('this run', r)]
+    rows = [['dense', '1.0', *(pct(run['dense']['top1']) for _, run in runs)]]
+    for name in r['cells']:
         mode, s = parse_cell(name)
-        before = first['cells'].get(name)
-        if 'budget' in s or s.get('importance_score') != r['importance_score'] or before is None:
+        if 'budget' in s or s.get('importance_score') != r['importance_score']:
             continue
-        rows.append([mode, s['keep'], pct(before['top1']), pct(cell['top1']), f'{cell["top1"] - before["top1"]:+.2f}'])
-    return markdown_table(['off the shelf', 'keep', 'first run top-1 (%)', 'this run top-1 (%)', 'difference'], rows)
+        rows.append([mode, s['keep'], *(_top1(run['cells'].get(
+            f'{mode} keep={s["keep"]} importance_score={run["importance_score"]}')) for _, run in runs)])
+    return markdown_table(['off the shelf', 'keep', *(f'{label}: top-1 (%) on {_evaluated_on(run)}'
+                                                      for label, run in runs)], rows)
 
 
 MERGING = 'merging.json'
