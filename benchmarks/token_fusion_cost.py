@@ -2,7 +2,7 @@
 """Cost and speed of token fusion on DeiT-S: GMACs and inference images/s against the plain DeiT-S.
 
     python benchmarks/token_fusion_cost.py [--json] [--repeats 5] [--keep-rates 0.5 0.6 0.7 0.8] [--tome-r 13 16] \
-        [--device cpu] [--precision fp32]
+        [--train-batch-sizes 32] [--device cpu] [--precision fp32]
 
 For ``deit_small_patch16_224``, ``deit_s_tokenfuse`` at every keep rate and, with ``--tome-r``, ToMe's merging
 (``mode='tome'``) at each ``r`` (same weights):
@@ -12,7 +12,10 @@ For ``deit_small_patch16_224``, ``deit_s_tokenfuse`` at every keep rate and, wit
   (pairwise distances and merges, ``timm_recursive.layers.clustering_macs``, counted analytically);
 * inference images/s (``torch.inference_mode``, fused attention on, on ``--device`` at ``--precision``,
   bf16 under autocast) at batch 32 and batch 1, the models interleaved in every repeat, median over
-  repeats, with the ratio to DeiT-S.
+  repeats, with the ratio to DeiT-S;
+* with ``--train-batch-sizes``, training images/s (a training-mode forward, cross-entropy, the backward and
+  an AdamW step, fp32; ``timm_recursive.analysis.timing.training_speed``), interleaved the same way: does
+  fine-tuning with the reduction run faster than dense (ToMe's claim for training too)?
 
 Anchors from the issue: BAT 3.005 GMACs at keep 0.7 (DeiT-S 4.6); EViT 3.0 GMACs and about 1.5x on
 GPU; ToMe (r=13) 1.67x. Timings are noisy on a shared CPU: compare the ratios within one run.
@@ -25,7 +28,7 @@ import torch
 
 import timm
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import PRECISIONS, inference_speed
+from timm_recursive.analysis.timing import PRECISIONS, inference_speed, training_speed
 from timm_recursive.analysis.token_fusion_cost import count_gmacs
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
@@ -39,6 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--keep-rates', type=float, nargs='+', default=[0.5, 0.6, 0.7, 0.8])
     parser.add_argument('--tome-r', type=int, nargs='*', default=[], help="mode='tome' with these r (ToMe: 13, 16)")
     parser.add_argument('--batch-sizes', type=int, nargs='+', default=[32, 1])
+    parser.add_argument('--train-batch-sizes', type=int, nargs='*', default=[],
+                        help='also time a training step at these batch sizes')
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--precision', default='fp32', choices=PRECISIONS, help='bf16: inference under autocast')
@@ -68,6 +73,14 @@ def measure(args: argparse.Namespace) -> dict:
                                 args.precision)
         for name, measured in speed.items():
             results[name][f'batch_{batch}'] = measured
+    for batch in args.train_batch_sizes:
+        labels = torch.randint(0, 1000, (batch,), device=args.device)
+        speed = training_speed(models, torch.randn(batch, 3, 224, 224, device=args.device), labels, BASELINE,
+                               args.repeats)
+        for name, measured in speed.items():
+            results[name][f'train_batch_{batch}'] = measured
+        for model in models.values():
+            model.eval()
 
     return {'repeats': args.repeats, 'threads': torch.get_num_threads(), 'device': args.device,
             'precision': args.precision, 'torch': torch.__version__, 'results': results}
@@ -80,12 +93,14 @@ def main(argv=None):
 def print_table(args: argparse.Namespace, report: dict) -> None:
     print(f'{args.device}, {args.precision}, {report["threads"]} threads, torch {torch.__version__}, median of '
           f'{args.repeats} interleaved repeats; GMACs at batch 1 (fused attention off, clustering added analytically)')
-    header = f'{"model":<30}{"GMACs":>8}' + ''.join(f'{f"img/s b{b}":>12}{"x":>7}' for b in args.batch_sizes)
+    columns = [f'batch_{b}' for b in args.batch_sizes] + [f'train_batch_{b}' for b in args.train_batch_sizes]
+    header = f'{"model":<30}{"GMACs":>8}' + ''.join(
+        f'{"img/s " + c.replace("batch_", "b").replace("train_", "train "):>16}{"x":>7}' for c in columns)
     print(header)
     for name, r in report['results'].items():
         row = f'{name:<30}{r["gmacs"]["gmacs"]:>8.3f}'
-        for b in args.batch_sizes:
-            row += f'{r[f"batch_{b}"]["images_per_s"]:>12.1f}{r[f"batch_{b}"]["speedup"]:>6.2f}x'
+        for c in columns:
+            row += f'{r[c]["images_per_s"]:>16.1f}{r[c]["speedup"]:>6.2f}x'
         print(row)
 
 

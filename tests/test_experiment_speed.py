@@ -98,3 +98,14 @@ def test_benchmarks_refuse_a_count_below_one(capsys, benchmark, flag):
     with pytest.raises(SystemExit) as exit_info:
         script.parse_args([flag, '0'])
     assert exit_info.value.code == 2 and f'error: argument {flag}: must be at least 1, got 0' in capsys.readouterr().err
+
+
+def test_token_fusion_table_puts_training_columns_after_inference():
+    tables = import_file(STUDY / 'tables.py')
+    gmacs = {'gmacs': 2.706, 'clustering_gmacs': 0., 'merging_gmacs': 0.0012}
+    report = {'results': {'deit_s_tokenfuse tome r=13': {
+        'gmacs': gmacs, 'batch_1': {'images_per_s': 12.5, 'speedup': 1.39},
+        'train_batch_32': {'images_per_s': 4.5, 'speedup': 2.25}}}}
+    table = tables.token_fusion_table(report).splitlines()
+    assert table[0].endswith('| images/s, batch 1 | speed-up | training images/s, batch 32 | speed-up |')
+    assert table[2] == '| `deit_s_tokenfuse tome r=13` | 2.706 | 0.0012 | 12.5 | 1.39x | 4.5 | 2.25x |'

@@ -26,7 +26,7 @@ declare -A commands=(
     [layer_floor]="benchmarks/layer_floor.py --json --repeats 3 --threads 1"
     [token_fusion_cost]="benchmarks/token_fusion_cost.py --json --repeats 5 --batch-sizes 1 32 128 --keep-rates 0.5 0.6 0.673 0.7 0.8"
     [compile_speed]="benchmarks/compile_speed.py --json"
-    [tome_cost]="benchmarks/token_fusion_cost.py --json --repeats 5 --batch-sizes 1 32 128 --keep-rates 0.673 0.7 --tome-r 13 16"
+    [tome_cost]="benchmarks/token_fusion_cost.py --json --repeats 5 --batch-sizes 1 32 128 --keep-rates 0.673 0.7 --tome-r 13 16 --train-batch-sizes 32"
     [spatial_train_speed]="benchmarks/recursive_train_speed.py --json --batch-size 128 --repeats 5 --warmup 1 --models recursive_sa_mlp_spatial_tiny.fashion_mnist:in_chans=1,num_steps=16 recursive_sa_moe_spatial_tiny.fashion_mnist:in_chans=1,num_steps=16 recursive_dsa_moe_spatial_tiny.fashion_mnist:in_chans=1,num_steps=16,topk=2 recursive_dsa_moe_spatial_tiny.fashion_mnist:in_chans=1,num_steps=16 recursive_dsa_moe_spatial_tiny.fashion_mnist:in_chans=1,num_steps=16,topk=16"
 )
 selected=("$@")

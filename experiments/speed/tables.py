@@ -143,7 +143,9 @@ def across_runs_table(results: pathlib.Path) -> str:
 
 
 def token_fusion_table(report: dict) -> str:
-    batches = [key for key in next(iter(report['results'].values())) if key.startswith('batch_')]
+    first = next(iter(report['results'].values()))
+    # inference columns, then training ones (``--train-batch-sizes``)
+    batches = [key for key in first if key.startswith('batch_')] + [key for key in first if key.startswith('train_batch_')]
     rows = []
     for name, r in report['results'].items():
         added = r['gmacs']['clustering_gmacs'] + r['gmacs'].get('merging_gmacs', 0.)
@@ -153,7 +155,7 @@ def token_fusion_table(report: dict) -> str:
         rows.append(row)
     header = ['model', 'GMACs', 'of which clustering or merging (analytic)']
     for b in batches:
-        header += [f'images/s, batch {b.split("_")[1]}', 'speed-up']
+        header += [f'{"training " if b.startswith("train_") else ""}images/s, batch {b.split("_")[-1]}', 'speed-up']
     return markdown_table(header, rows)
 
 
