@@ -194,8 +194,8 @@ def merging_tables(results: pathlib.Path) -> Dict[str, str]:
     path = results / MERGING
     if not path.exists():
         missing = f'not measured yet: `{MERGING_COMMAND}` measures it'
-        return {'merging_cost': missing, 'merging_accuracy': missing, 'merging_headline': missing,
-                'merging_budgets': missing}
+        return dict.fromkeys(('merging_cost', 'merging_accuracy', 'merging_headline', 'merging_budgets',
+                              'merging_recipe'), missing)
     m = json.loads(path.read_text())
     cells, cost, finetuned = m.get('cells', {}), m.get('cost', {}), m.get('finetuned', {})
     budgets, images = m['budgets'], m['dense']['test_images']
