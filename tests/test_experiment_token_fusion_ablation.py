@@ -103,6 +103,13 @@ def test_equal_macs_one_budget_and_source_tables(tmp_path):
     assert f'| +0.50{NO} / -1.00{NO} |' in source  # both minus importance / diversity
     assert f'| +3.50{NO} | main table, off the shelf |' in source  # diversity minus importance at keep 0.5
     assert f'| +2.50{NO} | one-budget table, fine-tuned alike |' in source  # both minus dynamicvit
+    comparisons = pieces['comparisons']
+    assert f'| one budget, fine-tuned: `both` minus `dynamicvit` | +2.50{NO} |' in comparisons
+    assert f'| off the shelf: `diversity` minus `both` | -0.50{NO} |' in comparisons  # keep 0.5, the only one
+    assert '| equal MACs, `both` off the shelf: 4 minus 2 fused tokens | +1.75' in comparisons
+    assert '| equal MACs, `both` off the shelf: 8 minus 4 fused tokens | — |' in comparisons
+    assert pieces['headline'].startswith('keep 0.5 off the shelf: both 74.00%, diversity 73.50%, importance 70.00%; '
+                                         f'both minus diversity +0.50{NO} points')
 
 
 def test_accuracy_keeps_each_images_hit_and_leaves_the_model_in_eval_mode():

@@ -39,7 +39,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('results', nargs='?', type=pathlib.Path, default=STUDY / 'results')
     results = parser.parse_args(argv).results
-    cells = tables.cell_runs(results)
+    # the ablation recipe's cells: the full-data ones have their own table
+    cells = {name: runs for name, runs in tables.cell_runs(results).items()
+             if not name.startswith(tables.FULL_DATA_PREFIX)}
     if not cells:
         parser.error(f'no finished run in {results}')
     fig, ax = plt.subplots(figsize=(11, 5))

@@ -82,6 +82,45 @@ def one_budget_table(r: Dict) -> str:
     return markdown_table(['mode', 'keep rate', 'MMACs', 'tokens per stage', 'fine-tuned with', 'top-1 (%)'], rows)
 
 
+def comparisons_table(r: Dict) -> str:
+    """The differences the conclusion reads, each paired over the test images both cells were measured on."""
+    cells, finetuned, score = r['cells'], r['finetuned'], r['importance_score']
+    equal = (r.get('equal_macs') or {}).get('cells', {})
+    one = (r.get('one_budget') or {}).get('cells', {})
+    images = r['dense'].get('test_images')
+    keep_rates = sorted({parse_cell(name)[1]['keep'] for name in cells}, key=float)
+
+    def off(mode, keep):
+        return cells.get(f'{mode} keep={keep} importance_score={score}')
+
+    rows = []
+    for label, table in (('off the shelf', off), ('fine-tuned', lambda mode, keep: finetuned.get(f'{mode} keep={keep}'))):
+        for a, b in (('diversity', 'both'), ('both', 'importance')):
+            rows.append([f'{label}: `{a}` minus `{b}`',
+                         ' / '.join(difference(table(a, k), table(b, k), images) for k in keep_rates)])
+    for mode in ('both', 'importance', 'diversity'):
+        rows.append([f'`{mode}`: fine-tuned minus off the shelf', ' / '.join(
+            difference(finetuned.get(f'{mode} keep={k}'), off(mode, k), images) for k in keep_rates)])
+    rows.append(['off the shelf: `head_mean` minus `cls_query` (`both` / `importance` / `diversity`)',
+                 ' / '.join(', '.join(difference(cells.get(f'{m} keep={k} importance_score=head_mean'),
+                                                 cells.get(f'{m} keep={k} importance_score=cls_query'), images)
+                                      for k in keep_rates) for m in ('both', 'importance', 'diversity'))])
+    ce_only = finetuned.get('both keep=0.5 alpha=0.0 beta=0.0')  # run.py's name of the CE-only fine-tune
+    for name, cell in finetuned.items():
+        mode, s = parse_cell(name)
+        if mode == 'both' and s.get('keep') == '0.5' and (cell['alpha'], cell['beta']) != (0., 0.):
+            rows.append([f'fine-tuned, `both` keep 0.5: CE + {cell["alpha"]:g} L_imp + {cell["beta"]:g} L_div minus CE',
+                         difference(cell, ce_only, images)])
+    for more, fewer in (('8', '4'), ('4', '2'), ('2', '1')):
+        rows.append([f'equal MACs, `both` off the shelf: {more} minus {fewer} fused tokens',
+                     difference(equal.get(more), equal.get(fewer), images)])
+    for a, b in (('dense', 'diversity'), ('diversity', 'both'), ('both', 'importance'), ('both', 'dynamicvit')):
+        rows.append([f'one budget, fine-tuned: `{a}` minus `{b}`', difference(one.get(a), one.get(b), images)])
+    header = f'keep {" / ".join(keep_rates)}'
+    return markdown_table(['difference (points)', f'top-1, 95% interval paired over the test images ({header} '
+                           'where several)'], rows)
+
+
 def beside_source(results: pathlib.Path, r: Dict) -> str:
     """The source's reported figures (``source.json``) beside this study's, point by point."""
     source = json.loads((results / 'source.json').read_text())
@@ -253,6 +292,31 @@ def merging_tables(results: pathlib.Path) -> Dict[str, str]:
     }
 
 
+def _commits(r: Dict) -> str:
+    """The commit a run started from, and the one it finished at where a resumed run moved on."""
+    started, finished = (r.get(k, {}).get('commit') for k in ('started', 'finished'))
+    if not finished:
+        return 'not recorded'
+    if started and started != finished:
+        return f'`{started[:7]}` (finished at `{finished[:7]}`)'
+    return f'`{finished[:7]}`'
+
+
+def headline(r: Dict, keep_05: Dict[str, Optional[Dict]]) -> str:
+    """Keep 0.5 off the shelf, each mode, and the most accurate mode minus the next with its paired interval."""
+    dense = r['dense']
+    measured = sorted(((mode, cell) for mode, cell in keep_05.items() if cell), key=lambda mc: -mc[1]['top1'])
+    text = 'keep 0.5 off the shelf: ' + ', '.join(f'{mode} {pct(cell["top1"])}%' for mode, cell in measured)
+    if len(measured) > 1:
+        (first, a), (second, b) = measured[:2]
+        text += f'; {first} minus {second} {difference(a, b, dense.get("test_images"))} points'
+    if 'selection_split' in dense:
+        return text + (f' (dense {pct(dense["top1"])}%; small ViT on FashionMNIST; chosen on '
+                       f'{dense["selection_split"]}, reported on {dense["eval_images"]})')
+    return text + (f' (dense {pct(dense["top1"])}%; small ViT on FashionMNIST; dense epoch and score chosen on test '
+                   'images, no intervals: the held-out rerun is pending)')
+
+
 def tables(results: pathlib.Path) -> Dict[str, str]:
     r = json.loads((results / 'results.json').read_text())
     cells, finetuned, cost = r['cells'], r['finetuned'], r['cost']
@@ -322,10 +386,10 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
               f'{dense["train_wall_time_s"] / 60:.1f} min', f'{r["this_session_s"] / 60:.1f} min',
               f'batch {r["cost_setup"]["batch"]}, {r["cost_setup"]["repeats"]} repeats, '
               f'{r["cost_setup"]["threads"]} thread, torch {r["cost_setup"]["torch"]}',
-              r.get('finished', {}).get('date', 'not recorded'),
-              r.get('finished', {}).get('commit') or 'not recorded']]),
+              r.get('finished', {}).get('date', 'not recorded'), _commits(r)]]),
         'deit_s_budget': deit_s_budget_table(results / BUDGET),
         'equal_macs': equal_macs_table(r),
+        'comparisons': comparisons_table(r),
         'runs': runs_table(results, r),
         'dense_runs': dense_runs(results, r),
         'beside_source': beside_source(results, r),
@@ -333,9 +397,5 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         'one_budget_recipe': (f'{r["one_budget"]["epochs"]} epochs on {r["one_budget"]["samples"]:,} training images'
                               if r.get('one_budget') else 'not measured yet'),
         **merging_tables(results),
-        'headline': ('keep 0.5 off the shelf: ' + ', '.join(f'{m} {pct(c["top1"])}%' for m, c in keep_05.items() if c)
-                     + f' (dense {pct(dense["top1"])}%; small ViT on FashionMNIST; '
-                     + (f'chosen on {dense["selection_split"]}, reported on {dense["eval_images"]})'
-                        if 'selection_split' in dense else 'dense epoch and score chosen on test images, no '
-                        'intervals: the held-out rerun is pending)')),
+        'headline': headline(r, keep_05),
     }
