@@ -234,7 +234,7 @@ def merging_tables(results: pathlib.Path) -> Dict[str, str]:
     if not path.exists():
         missing = f'not measured yet: `{MERGING_COMMAND}` measures it'
         return dict.fromkeys(('merging_cost', 'merging_accuracy', 'merging_headline', 'merging_budgets',
-                              'merging_recipe'), missing)
+                              'merging_recipe', 'merging_proportional_gain'), missing)
     m = json.loads(path.read_text())
     cells, cost, finetuned = m.get('cells', {}), m.get('cost', {}), m.get('finetuned', {})
     budgets, images = m['budgets'], m['dense']['test_images']
@@ -272,11 +272,24 @@ def merging_tables(results: pathlib.Path) -> Dict[str, str]:
     if both_macs and tome_macs:
         headline = (f'at equal MACs off the shelf, ToMe {pct(tome_macs["top1"])}% vs `both` {pct(both_macs["top1"])}% '
                     f'(ToMe minus `both` {difference(tome_macs, both_macs, images)} points)')
-        if finetuned.get('equal_macs tome') and finetuned.get('equal_macs both'):
-            headline += (f'; fine-tuned ({len(seeds)} seeds) ToMe minus `both` '
-                         f'{_seed_difference(finetuned["equal_macs tome"], finetuned["equal_macs both"])}')
+        runs_t, runs_b = finetuned.get('equal_macs tome'), finetuned.get('equal_macs both')
+        if runs_t and runs_b:
+            common = len(set(runs_t) & set(runs_b))
+            headline += (f'; fine-tuned ({common} seed{"s" if common > 1 else ""}) ToMe minus `both` '
+                         f'{_seed_difference(runs_t, runs_b)}')
     recipe = m.get('finetune_recipe')
+    proportional, plain = cells.get('equal_macs both_proportional'), cells.get('equal_macs both')
+    proportional_gain = 'not measured yet'
+    if proportional and plain:
+        proportional_gain = (f'off the shelf {difference(proportional, plain, images)} points (paired over the test '
+                             f'images)')
+        runs_p, runs_b = finetuned.get('equal_macs both_proportional'), finetuned.get('equal_macs both')
+        if runs_p and runs_b:
+            common = len(set(runs_p) & set(runs_b))
+            proportional_gain += (f', fine-tuned {_seed_difference(runs_p, runs_b)} points (over {common} '
+                                  f'seed{"s" if common > 1 else ""})')
     return {
+        'merging_proportional_gain': proportional_gain,
         'merging_budgets': budget_text,
         'merging_cost': markdown_table(
             ['method', 'budget', 'setting', 'MMACs', 'tokens per block', f'inference images/s, batch '
