@@ -317,8 +317,8 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
               'tome_cost': token_fusion_table,
               'token_fusion_cost': token_fusion_table, 'compile_speed': compile_table}
     for name, make in makers.items():
-        if name in found:
-            pieces[name] = make(found[name][0])
+        pieces[name] = (make(found[name][0]) if name in found else
+                        f'not measured yet: `experiments/speed/run.sh OUT {name}` measures it')
     pieces['entmax_kernel_change'] = entmax_kernel_change_table(results / KERNEL_CHANGE_RUN)
     if 'entmax_speed' in found and 'profile_ms' in found['entmax_speed'][0]:
         pieces['entmax_profile'] = entmax_profile_table(found['entmax_speed'][0])
