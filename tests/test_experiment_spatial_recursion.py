@@ -87,6 +87,24 @@ def test_full_data_cells_are_compared_with_the_pooled_full_runs_not_searched(tmp
     assert '| `full_dsa_k2_steps4` | 1 |' in pieces['provenance']
 
 
+def test_halting_table_compares_each_seeds_exit_with_the_fixed_depth_of_no_more_macs(tmp_path):
+    spatial = 'recursive_dsa_moe_spatial_tiny.fashion_mnist'
+    fixed = [{'steps': t, 'top1': 60. + t, 'macs_per_image': 10e6 * t} for t in range(1, 5)]
+    for seed, (threshold, top1, macs) in enumerate(((0.5, 62.5, 25e6), (0.7, 64.5, 30e6))):
+        folder = tmp_path / 'dsa_k2_steps4' / f'seed{seed}'
+        folder.mkdir(parents=True)
+        (folder / 'summary.json').write_text(json.dumps(_summary(
+            spatial, {'num_steps': 4, 'topk': 2}, seed, [61., 62., 63., 64.], [61.] * 4, f'2026-12-05T10:0{seed}Z')))
+        (folder / study_tables.HALTING_RESULT).write_text(json.dumps({
+            'fixed': fixed, 'matching': {'threshold': threshold},
+            'thresholds': [{'threshold': threshold, 'top1': top1, 'mean_steps': 2.5, 'macs_per_image': macs},
+                           {'threshold': 0.99, 'top1': 64., 'mean_steps': 4., 'macs_per_image': 40e6}]}))
+    assert study_tables.HALTING_RESULT == study_run.HALTING_RESULT
+    table = study_tables.tables(tmp_path)['halting'].splitlines()
+    # seed 0: 62.5 at 25 M against 2 steps (20 M, 62.0); seed 1: 64.5 at 30 M against 3 steps (30 M, 63.0)
+    assert table[2].startswith('| `dsa_k2_steps4` | 2 | 0.5, 0.7 | 63.50 | 2.50 | 27.5 | 2, 3 | +1.00 (')
+
+
 def test_nothing_measured_says_which_command_measures_it(tmp_path):
     assert all(text.startswith('not measured yet') for text in study_tables.tables(tmp_path).values())
 

@@ -195,6 +195,39 @@ def headline(cells: Dict[str, List[dict]]) -> str:
             f'against {beside} (FashionMNIST, 6,000 training images, 4 epochs)')
 
 
+HALTING_RESULT = 'halting_confidence.json'  # run.py --halting's file, beside a run's records
+
+
+def halting_table(results: pathlib.Path, cells: Dict[str, List[dict]]) -> str:
+    """The confidence exit of every cell whose seeds ``run.py --halting`` measured: at the threshold each seed chose on
+    its held-out images, top-1, mean steps and multiply-adds, against the fixed depth that costs no more (the
+    deepest step whose multiply-adds are at most the exit's): the issue asks the exit to lie at or above the fixed
+    depths' curve. Means over seeds; the exit-minus-fixed difference with its interval over seeds (paired)."""
+    rows = []
+    for name in cells:
+        measured = [json.loads(p.read_text()) for p in sorted((results / name).glob(f'seed*/{HALTING_RESULT}'))]
+        if not measured:
+            continue
+        chosen, gaps, fixed_steps = [], [], []
+        for m in measured:
+            row = next(r for r in m['thresholds'] if r['threshold'] == m['matching']['threshold'])
+            cheaper = [f for f in m['fixed'] if f['macs_per_image'] <= row['macs_per_image']]
+            fixed = max(cheaper, key=lambda f: f['steps']) if cheaper else m['fixed'][0]
+            chosen.append(row)
+            gaps.append(row['top1'] - fixed['top1'])
+            fixed_steps.append(fixed['steps'])
+        rows.append([f'`{name}`', len(measured), ', '.join(f'{m["matching"]["threshold"]:g}' for m in measured),
+                     f'{statistics.fmean(r["top1"] for r in chosen):.2f}',
+                     f'{statistics.fmean(r["mean_steps"] for r in chosen):.2f}',
+                     f'{statistics.fmean(r["macs_per_image"] for r in chosen) / 1e6:.1f}',
+                     ', '.join(map(str, fixed_steps)), format_interval(*mean_interval(gaps), signed=True)])
+    if not rows:
+        return 'not measured yet: `experiments/spatial_recursion/run.py --halting CELL`'
+    return markdown_table(['cell', 'seeds', 'threshold chosen on held-out images (per seed)', 'exit top-1 (%)',
+                           'mean steps', 'MMACs / image', 'fixed depth at no more MACs (per seed)',
+                           'exit minus that fixed depth (points)'], rows)
+
+
 def full_data_table(full: Dict[str, List[dict]], pooled: Dict[str, List[dict]]) -> str:
     """The full-recipe cells beside the pooled models trained with that recipe: test top-1 at step 1 and the last
     step over seeds, the change paired by seed, and the issue's 92.5% target."""
@@ -220,8 +253,9 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     pooled = {f'fashion_mnist_baselines/{name}': runs for name, runs in cell_runs(POOLED_FULL).items()}
     if not cells:
         missing = 'not measured yet: `experiments/spatial_recursion/run.py`'
-        return {**dict.fromkeys(('design_search', 'per_step', 'macs', 'provenance', 'headline'), missing),
+        return {**dict.fromkeys(('design_search', 'per_step', 'macs', 'provenance', 'headline', 'halting'), missing),
                 'glimpses': glimpse_table(results), 'full_data': full_data_table(full, pooled)}
     return {'glimpses': glimpse_table(results), 'design_search': design_search_table(cells), 'per_step': per_step_table(cells),
             'macs': macs_table(cells), 'provenance': provenance_table(everything), 'headline': headline(cells),
+            'halting': halting_table(results, cells),
             'full_data': full_data_table(full, pooled)}
