@@ -21,7 +21,7 @@ STUDIES = (
     ('adaptive_halting', 'recursive classifier', 'how many steps does each image need?'),
     ('spatial_recursion', 'recursive classifier', 'do the steps refine once they read the image (spatial tokens, DSA)?'),
     ('token_fusion_ablation', 'token fusion',
-     'importance, diversity, DynamicViT and the fused-token count at equal MACs'),
+     'importance, diversity, DynamicViT, ToMe and the fused-token count at equal MACs and equal images/s'),
     ('dino_fashion_mnist', 'entmax ViT', 'DINO pretraining and probes: softmax, entmax, registers, specialization'),
     ('speed', 'every family', 'speed and cost ratios against the dense baselines'),
 )

@@ -380,6 +380,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     objective.sort()
 
     keep_05 = {mode: cells.get(f'{mode} keep=0.5 importance_score={score}') for mode in modes}
+    merging = merging_tables(results)
     dense = r['dense']
     return {
         'main': markdown_table(['mode', 'keep', 'MMACs', 'images/s (x dense)', 'top-1 off the shelf (%)',
@@ -409,6 +410,8 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         'one_budget': one_budget_table(r),
         'one_budget_recipe': (f'{r["one_budget"]["epochs"]} epochs on {r["one_budget"]["samples"]:,} training images'
                               if r.get('one_budget') else 'not measured yet'),
-        **merging_tables(results),
-        'headline': headline(r, keep_05),
+        **merging,
+        # the ToMe comparison's headline joins the ablation's once measured
+        'headline': headline(r, keep_05) + ('' if merging['merging_headline'].startswith('not measured') else
+                                            f'; {merging["merging_headline"]}'),
     }
