@@ -205,8 +205,9 @@ def test_merging_tables_put_tome_beside_each_method_with_intervals(tmp_path):
     # ToMe minus both: paired over the 4 test images off the shelf, by seed fine-tuned (+1, +2, +3)
     assert '| `both` | equal MACs | 50.00 | +25.00 (' in accuracy and '| +2.00 (-0.48 to +4.48) |' in accuracy
     assert '| `diversity` | equal images/s | 50.00 | +25.00 (' in accuracy and accuracy.endswith('| — | — |')
-    assert pieces['merging_headline'].startswith('at equal MACs off the shelf, ToMe 75.00% vs `both` 50.00%')
-    assert 'fine-tuned (3 seeds) ToMe minus `both` +2.00 (-0.48 to +4.48)' in pieces['merging_headline']
+    assert pieces['merging_headline'].startswith('at equal MACs off the shelf, ToMe 75.00% vs `both` 50.00%; ToMe '
+                                                 'minus `both`: off the shelf +25.00 (')
+    assert pieces['merging_headline'].endswith('fine-tuned +2.00 (-0.48 to +4.48) (3 seeds)')
     assert '1.53x the dense model' in pieces['merging_budgets'] and pieces['merging_recipe'] == '5 epochs on 5,000 training images'
     assert pieces['merging_proportional_gain'] == 'not measured yet'  # no proportional cell in these results
     assert all('nan' not in text for text in pieces.values())

@@ -267,27 +267,23 @@ def merging_tables(results: pathlib.Path) -> Dict[str, str]:
         budget_text += (f'; equal images/s: {speed["target_speedup"]:.2f}x the dense model\'s images/s at batch '
                         f'{speed["batch"]} (the MAC budget\'s promise), measured on this CPU, {speed["threads"]} '
                         f'thread, median of {speed["repeats"]} interleaved repeats')
+    def versus(a: str, b: str) -> Optional[str]:
+        """Equal-MAC cell ``a`` minus ``b``: off the shelf (paired over the images), fine-tuned (over shared seeds)."""
+        if f'equal_macs {a}' not in cells or f'equal_macs {b}' not in cells:
+            return None
+        text = f'off the shelf {difference(cells[f"equal_macs {a}"], cells[f"equal_macs {b}"], images)} points'
+        runs_a, runs_b = finetuned.get(f'equal_macs {a}'), finetuned.get(f'equal_macs {b}')
+        if runs_a and runs_b:
+            common = len(set(runs_a) & set(runs_b))
+            text += f', fine-tuned {_seed_difference(runs_a, runs_b)} ({common} seed{"s" if common > 1 else ""})'
+        return text
+
     headline = 'not measured yet'
-    both_macs, tome_macs = cells.get('equal_macs both'), cells.get('equal_macs tome')
-    if both_macs and tome_macs:
-        headline = (f'at equal MACs off the shelf, ToMe {pct(tome_macs["top1"])}% vs `both` {pct(both_macs["top1"])}% '
-                    f'(ToMe minus `both` {difference(tome_macs, both_macs, images)} points)')
-        runs_t, runs_b = finetuned.get('equal_macs tome'), finetuned.get('equal_macs both')
-        if runs_t and runs_b:
-            common = len(set(runs_t) & set(runs_b))
-            headline += (f'; fine-tuned ({common} seed{"s" if common > 1 else ""}) ToMe minus `both` '
-                         f'{_seed_difference(runs_t, runs_b)}')
+    if versus('tome', 'both'):
+        headline = (f'at equal MACs off the shelf, ToMe {pct(cells["equal_macs tome"]["top1"])}% vs `both` '
+                    f'{pct(cells["equal_macs both"]["top1"])}%; ToMe minus `both`: {versus("tome", "both")}')
     recipe = m.get('finetune_recipe')
-    proportional, plain = cells.get('equal_macs both_proportional'), cells.get('equal_macs both')
-    proportional_gain = 'not measured yet'
-    if proportional and plain:
-        proportional_gain = (f'off the shelf {difference(proportional, plain, images)} points (paired over the test '
-                             f'images)')
-        runs_p, runs_b = finetuned.get('equal_macs both_proportional'), finetuned.get('equal_macs both')
-        if runs_p and runs_b:
-            common = len(set(runs_p) & set(runs_b))
-            proportional_gain += (f', fine-tuned {_seed_difference(runs_p, runs_b)} points (over {common} '
-                                  f'seed{"s" if common > 1 else ""})')
+    proportional_gain = versus('both_proportional', 'both') or 'not measured yet'
     return {
         'merging_proportional_gain': proportional_gain,
         'merging_budgets': budget_text,

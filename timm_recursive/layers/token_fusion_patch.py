@@ -377,56 +377,54 @@ class TokenMerging(nn.Module):
         return out, new_size
 
 
-class ProportionalBlock(Block):
+class SizedBlock:
+    """The forward of a block in a ``SizedBlocks`` (mixed in before timm's ``Block``): takes and returns every token's
+    size (``_sizes_of``, ``_sized_output``), runs ``attend`` (the attention and any reduction, the subclass's)
+    and then the MLP on what it returns."""
+
+    def attend(self, x: torch.Tensor, size: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The tokens after the attention's residual (and a reduction), and their sizes."""
+        raise NotImplementedError
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+            size: Optional[torch.Tensor] = None,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        size, standalone = _sizes_of(self, x, size, attn_mask, is_causal)
+        x, size = self.attend(x, size)
+        return _sized_output(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, standalone)
+
+
+class ProportionalBlock(SizedBlock, Block):
     """timm ``Block`` (same parameters) in a ``SizedBlocks``: with ``proportional`` its attention adds the log of
     every key's size to the logits; it carries the sizes on. Made by ``apply_token_fusion``."""
 
-    def forward(
-            self,
-            x: torch.Tensor,
-            attn_mask: Optional[torch.Tensor] = None,
-            is_causal: bool = False,
-            size: Optional[torch.Tensor] = None,
-    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-        size, standalone = _sizes_of(self, x, size, attn_mask, is_causal)
+    def attend(self, x: torch.Tensor, size: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         attn_out, _ = self.attn.forward_proportional(self.norm1(x), size if self.proportional else None)
-        x = x + self.drop_path1(self.ls1(attn_out))
-        return _sized_output(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, standalone)
+        return x + self.drop_path1(self.ls1(attn_out)), size
 
 
 @register_notrace_module  # its token count depends on the data: a leaf for FX
-class ProportionalTokenFusionBlock(TokenFusionBlock):
+class ProportionalTokenFusionBlock(SizedBlock, TokenFusionBlock):
     """``TokenFusionBlock`` in a ``SizedBlocks`` (the source's modes with proportional attention): the attention,
     the [CLS] importance row included, adds log(size); a fused token's size is the sum of its members'."""
 
-    def forward(
-            self,
-            x: torch.Tensor,
-            attn_mask: Optional[torch.Tensor] = None,
-            is_causal: bool = False,
-            size: Optional[torch.Tensor] = None,
-    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-        size, standalone = _sizes_of(self, x, size, attn_mask, is_causal)
+    def attend(self, x: torch.Tensor, size: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         attn_out, cls_row = self.attn.forward_with_cls_row(
             self.norm1(x), self.fusion.importance_score, size if self.proportional else None)
         x = x + self.drop_path1(self.ls1(attn_out))
-        x, size = self.fusion.forward_sized(x, cls_row[:, self.num_prefix_tokens:], size, self.num_prefix_tokens)
-        return _sized_output(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, standalone)
+        return self.fusion.forward_sized(x, cls_row[:, self.num_prefix_tokens:], size, self.num_prefix_tokens)
 
 
 @register_notrace_module  # its token count depends on r and the input: a leaf for FX
-class TokenMergingBlock(TokenFusionBlock):
+class TokenMergingBlock(SizedBlock, TokenFusionBlock):
     """timm ``Block`` (same parameters) that merges ``fusion.r`` tokens (a ``TokenMerging``) between its attention
     and its MLP, as ToMe does; its attention is proportional (``proportional``) once an earlier block merged."""
 
-    def forward(
-            self,
-            x: torch.Tensor,
-            attn_mask: Optional[torch.Tensor] = None,
-            is_causal: bool = False,
-            size: Optional[torch.Tensor] = None,
-    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-        size, standalone = _sizes_of(self, x, size, attn_mask, is_causal)
+    def attend(self, x: torch.Tensor, size: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         merges = self.fusion.r > 0
         if merges or self.proportional:
             attn_out, keys = self.attn.forward_proportional(
@@ -436,7 +434,7 @@ class TokenMergingBlock(TokenFusionBlock):
         x = x + self.drop_path1(self.ls1(attn_out))
         if keys is not None:
             x, size = self.fusion(x, size, keys, self.num_prefix_tokens)
-        return _sized_output(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, standalone)
+        return x, size
 
 
 class SizedBlocks(nn.Sequential):
