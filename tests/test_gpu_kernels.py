@@ -107,27 +107,19 @@ def model_case() -> dict:
 
 # the tests
 
-def _assert_matches(result):
-    assert all(error < 1e-5 for error in result['max_errors'].values()), result
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('head_dim', [64, 32])
-def test_adasplash_at_vit_s16_length_matches_cpu_solver(head_dim):
-    """N = 197, no power of two: the kernel is given the length, and its block mask fits its buffers."""
-    result = interpreted('attention', 1, 1, 197, head_dim)
-    _assert_matches(result)
+@pytest.mark.parametrize('batch, heads, length, block_mask_shape', [
+    # N = 197, no power of two: the kernel is given the length, and its block mask fits its buffers:
     # (B, heads, key blocks of 16, query flags of 16), written 4 flags a 64-query block: 256 = 4 x 64 rows
-    assert result['block_mask_shapes'] == [[1, 1, 16, 16]]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize('head_dim', [64, 32])
-def test_adasplash_at_short_length_matches_cpu_solver(head_dim):
-    """N = 50 < 64, two sequences: the lengths tensor's extra entry is read by none of them."""
-    result = interpreted('attention', 2, 2, 50, head_dim)
-    _assert_matches(result)
-    assert result['block_mask_shapes'] == [[2, 2, 4, 4]]
+    (1, 1, 197, [1, 1, 16, 16]),
+    # N = 50 < 64, two sequences: the lengths tensor's extra entry is read by none of them
+    (2, 2, 50, [2, 2, 4, 4]),
+], ids=['vit_s16_length', 'short_length'])
+def test_adasplash_matches_cpu_solver(batch, heads, length, block_mask_shape, head_dim):
+    result = interpreted('attention', batch, heads, length, head_dim)
+    assert all(error < 1e-5 for error in result['max_errors'].values()), result
+    assert result['block_mask_shapes'] == [block_mask_shape]
 
 
 @pytest.mark.slow
