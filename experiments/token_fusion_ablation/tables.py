@@ -200,7 +200,8 @@ MERGING = 'merging.json'
 MERGING_COMMAND = 'python experiments/token_fusion_ablation/merging.py'
 METHOD_NAMES = {'tome': 'ToMe', 'both': '`both`', 'importance': '`importance`', 'diversity': '`diversity`',
                 'both_proportional': '`both` + proportional attention', 'dynamicvit': 'DynamicViT'}
-BUDGET_NAMES = {'equal_macs': 'equal MACs', 'equal_speed': 'equal images/s'}
+BUDGET_NAMES = {'equal_macs': 'equal MACs', 'equal_speed': 'equal images/s'}  # merging.py's BUDGETS, named
+BUDGETS = tuple(BUDGET_NAMES)
 DENSE_TOKENS = 50  # the small ViT's 49 patch tokens and [CLS] (run.py's ARCH)
 
 
@@ -246,7 +247,13 @@ def merging_tables(results: pathlib.Path) -> Dict[str, str]:
 
     cost_rows = [['dense', '—', '—', f'{budgets["equal_macs"]["dense_mmacs"]:.2f}', str(DENSE_TOKENS),
                   ratio('dense', 'inference'), ratio('dense', 'training')]]
-    accuracy_rows = [['dense', '—', pct(m['dense']['top1']), '—', _finetuned(finetuned.get('dense')), '—']]
+    # ToMe minus the dense model at each budget (ToMe's cost: what it loses)
+    tome_vs_dense = [(BUDGET_NAMES[b], cells[f'{b} tome']) for b in BUDGETS if f'{b} tome' in cells]
+    accuracy_rows = [['dense', '—', pct(m['dense']['top1']),
+                      ' / '.join(f'{difference(c, m["dense"], images)} ({b})' for b, c in tome_vs_dense) or '—',
+                      _finetuned(finetuned.get('dense')),
+                      ' / '.join(f'{_seed_difference(finetuned.get(f"{b} tome"), finetuned.get("dense"))} '
+                                 f'({BUDGET_NAMES[b]})' for b in BUDGETS if finetuned.get(f'{b} tome')) or '—']]
     for name, c in cells.items():
         budget, method = c['budget'], c['method']
         reached = speed.get('reached', {}).get(method, True) or budget != 'equal_speed'
