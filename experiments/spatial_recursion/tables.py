@@ -13,7 +13,7 @@ import statistics
 from typing import Dict, List
 
 from timm_recursive.analysis.intervals import format_interval, mean_interval
-from tools.generated_markdown import markdown_table
+from tools.generated_markdown import import_file, markdown_table
 
 INPUT_SIZE = (28, 28)
 TARGET_GAIN = 1.0  # issue 35: the last step at least 1.0 point above step 1, the interval above 0
@@ -195,7 +195,7 @@ def headline(cells: Dict[str, List[dict]]) -> str:
             f'against {beside} (FashionMNIST, 6,000 training images, 4 epochs)')
 
 
-HALTING_RESULT = 'halting_confidence.json'  # run.py --halting's file, beside a run's records
+HALTING_RESULT = import_file(pathlib.Path(__file__).resolve().parent / 'run.py').HALTING_RESULT  # run.py --halting's file
 
 
 def halting_table(results: pathlib.Path, cells: Dict[str, List[dict]]) -> str:

@@ -54,6 +54,11 @@ def median_seconds(cases: Dict[str, Callable[[], None]], repeats: int = 5, warmu
     return {name: statistics.median(ts) for name, ts in time_interleaved(cases, repeats, warmup).items()}
 
 
+def _speeds(seconds: Dict[str, float], num_images: int, baseline: str) -> Dict[str, Dict[str, float]]:
+    """Images/s of every case from its median seconds, and its speed-up over the case named ``baseline``."""
+    return {name: {'images_per_s': num_images / s, 'speedup': seconds[baseline] / s} for name, s in seconds.items()}
+
+
 def inference_speed(models: Dict[str, nn.Module], images: torch.Tensor, baseline: str,
                     repeats: int = 5, precision: str = 'fp32') -> Dict[str, Dict[str, float]]:
     """Images/s of every model on ``images`` (inference mode at ``precision``, interleaved, median over
@@ -64,8 +69,7 @@ def inference_speed(models: Dict[str, nn.Module], images: torch.Tensor, baseline
                 model(images)
         return run
 
-    seconds = median_seconds({name: infer(m) for name, m in models.items()}, repeats)
-    return {name: {'images_per_s': len(images) / s, 'speedup': seconds[baseline] / s} for name, s in seconds.items()}
+    return _speeds(median_seconds({name: infer(m) for name, m in models.items()}, repeats), len(images), baseline)
 
 
 def training_speed(models: Dict[str, nn.Module], images: torch.Tensor, labels: torch.Tensor, baseline: str,
@@ -85,5 +89,5 @@ def training_speed(models: Dict[str, nn.Module], images: torch.Tensor, labels: t
             optimizer.step()
         return run
 
-    seconds = median_seconds({name: train_step(m) for name, m in models.items()}, repeats)
-    return {name: {'images_per_s': len(images) / s, 'speedup': seconds[baseline] / s} for name, s in seconds.items()}
+    return _speeds(median_seconds({name: train_step(m) for name, m in models.items()}, repeats), len(images),
+                   baseline)
