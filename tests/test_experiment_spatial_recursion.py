@@ -40,6 +40,10 @@ def test_tables_choose_the_design_on_held_out_images_and_give_intervals_over_see
         'dsa_k2_steps4_mask_seen': [_summary(spatial, {'num_steps': 4, 'topk': 2, 'mask_seen': True}, s,
                                              [80., 80., 80., 80.5], [79., 80., 81., 82.], f'2026-12-05T11:0{s}Z')
                                     for s in range(3)],
+        # a control (random glimpses) is no design to choose, however it does on held-out images
+        'dsa_k2_steps4_random': [_summary(spatial, {'num_steps': 4, 'topk': 2, 'glimpse_selection': 'random'}, s,
+                                          [70., 71., 72., 73.], [70., 75., 80., 85.], f'2026-12-05T12:0{s}Z')
+                                 for s in range(3)],
         'pooled_dsa_k6_steps4': [_summary('recursive_dsa_moe_tiny.fashion_mnist', {'num_steps': 4}, 0,
                                           [85., 85., 85., 85.], [85., 85., 86., 90.], '2026-12-05T09:00Z')],
     }
@@ -55,6 +59,7 @@ def test_tables_choose_the_design_on_held_out_images_and_give_intervals_over_see
     row = next(line for line in pieces['design_search'].splitlines() if '`dsa_k6_steps4`' in line)
     assert 'spatial, DSA k=6, MoE, 4 steps' in row and '+4.00 (' in row and '+0.00' in row  # test vs held-out
     assert '| `pooled_dsa_k6_steps4` | pooled, DSA k=6, MoE, 4 steps | 0 |' in pieces['design_search']
+    assert '| `dsa_k2_steps4_random` | spatial, DSA k=2 drawn at random, MoE, 4 steps |' in pieces['design_search']
     assert 'one run: no interval' in pieces['design_search']
     macs = [float(v) for v in pieces['macs'].splitlines()[2].split('|')[2:6]]
     assert macs == sorted(macs) and len(set(macs)) == 4  # more steps, more multiply-adds

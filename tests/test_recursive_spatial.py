@@ -200,6 +200,25 @@ def test_mask_seen_makes_every_glimpse_new():
         _tiny(mask_seen=True, attn='dense')
 
 
+def test_random_glimpses_ignore_the_indexer_and_vary_between_forwards():
+    model = _tiny(num_steps=3, topk=4, glimpse_selection='random')
+    assert all(blk.attn.selection == 'random' for blk in model.blocks)
+    x = torch.randn(2, 3, 32, 32)
+    torch.manual_seed(1)
+    first = model.forward_glimpses(x)
+    with torch.no_grad():  # the indexer's weights no longer matter
+        for blk in model.blocks:
+            blk.attn.index_q.weight.normal_()
+    torch.manual_seed(1)
+    assert torch.equal(model.forward_glimpses(x), first)
+    assert not torch.equal(model.forward_glimpses(x), first)  # a new draw at every forward
+    learned = _tiny(num_steps=3, topk=4)
+    assert torch.equal(learned.forward_glimpses(x), learned.forward_glimpses(x))  # the indexer is deterministic
+    loss = model(x).logsumexp(-1).sum()
+    loss.backward()  # trains (the indexer gets no gradient: it chose nothing)
+    assert model.blocks[0].attn.qkv.weight.grad is not None and model.blocks[0].attn.index_q.weight.grad is None
+
+
 def test_step_embedding_and_summary_options():
     plain = _tiny(step_embed=False)
     assert plain.step_embed is None and 'step_embed' not in plain.state_dict()
@@ -371,6 +390,8 @@ def test_bad_input_errors_name_the_problem(shape, dtype, error, match):
     (dict(memory_stride=2), ValueError, r'memory_stride must be one of \(4, 8\)'),
     (dict(img_size=3), ValueError, 'img_size'),
     (dict(attn='dense', mask_seen=True), ValueError, 'mask_seen'),
+    (dict(glimpse_selection='uniform'), ValueError, 'glimpse_selection'),
+    (dict(attn='dense', glimpse_selection='random'), ValueError, "glimpse_selection='random' needs attn='dsa'"),
     (dict(topk=0), ValueError, 'topk'),
     (dict(attn='linear'), ValueError, 'attn'),
     (dict(not_an_argument=1), TypeError, 'not_an_argument'),

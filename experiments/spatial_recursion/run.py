@@ -77,6 +77,8 @@ DESIGN_SEARCH = (
     # new regions and falls once they run out (from step 6-9 at k=6), so the masked design at 8 steps
     Cell('dsa_k6_steps8_mask_seen', SPATIAL, ('num_steps=8', 'mask_seen=True'), 'ablation'),
     Cell('dense_mlp_steps16', 'recursive_sa_mlp_spatial_tiny.fashion_mnist', ('num_steps=16',), 'ablation'),
+    # a control for the chosen design: its k=2 glimpses drawn at random, so that the indexer's choices are tested
+    Cell('dsa_k2_steps16_random', SPATIAL, ('num_steps=16', 'topk=2', 'glimpse_selection=random'), 'ablation'),
 )
 # what a user would pick instead, with the same recipe at similar multiply-adds (one 28 px image: the spatial
 # DSA-MoE at 16 steps 43 M, ResNet-18 33 M, this ViT-Ti (width 192, 3 heads, patch 4: 49 tokens, 2 blocks) 44 M)

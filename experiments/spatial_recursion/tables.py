@@ -43,6 +43,8 @@ def design(summary: dict) -> str:
     spatial = '_spatial_' in model
     if 'dsa' in model:
         attention = f'DSA k={kwargs.get("topk", 6)}'
+        if kwargs.get('glimpse_selection') == 'random':
+            attention += ' drawn at random'
     else:
         attention = 'dense attention'
     parts = ['spatial' if spatial else 'pooled', attention, 'MLP' if 'mlp' in model else 'MoE',
@@ -173,8 +175,10 @@ def held_out_change(runs: List[dict]) -> float:
 
 
 def chosen_design(cells: Dict[str, List[dict]]) -> str:
-    """The spatial cell with the most seeds and, among those, the largest held-out change."""
-    spatial = {name: runs for name, runs in cells.items() if '_spatial_' in runs[0]['model']}
+    """The spatial cell with the most seeds and, among those, the largest held-out change; a control whose
+    glimpses are drawn at random is no design to choose."""
+    spatial = {name: runs for name, runs in cells.items() if '_spatial_' in runs[0]['model']
+               and runs[0]['model_kwargs'].get('glimpse_selection') != 'random'}
     return max(spatial, key=lambda name: (len(spatial[name]), held_out_change(spatial[name])), default='')
 
 

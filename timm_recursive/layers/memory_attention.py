@@ -26,6 +26,9 @@ Two layers, one per attention:
   ``memory_mask`` (B, N), True where a memory key may not be selected, takes those keys out of the
   top-k (a recursion can mask what earlier steps already read); with fewer than k selectable keys
   the budget is filled with masked ones (their scores are -inf, so which is unspecified).
+  ``selection='random'`` (a control, as the random-glimpse baseline of glimpse models) replaces the
+  indexer's scores with uniform noise drawn at every forward: each query attends to k keys chosen at
+  random, the indexer is left untrained, and the products executed are the same.
 
 Hook points (the convention of ``timm_recursive.layers``): ``MemorySparseAttention``'s ``key_select``
 input is the attended key positions (B, L, n), n = min(k, N + L), positions ``< N`` being memory
@@ -124,8 +127,15 @@ class MemoryAttention(nn.Module):
 class MemorySparseAttention(DynamicSparseAttention):
     """Dynamic Sparse Attention of the queries over ``[memory; queries]``, gathering the k selected keys.
 
-    The arguments, weights and hook points are ``DynamicSparseAttention``'s; see the module docstring.
+    The arguments, weights and hook points are ``DynamicSparseAttention``'s, and ``selection``: ``'indexer'``
+    (the default) or ``'random'``, k keys drawn uniformly at every forward (a control); see the module docstring.
     """
+
+    def __init__(self, dim: int, *args, selection: str = 'indexer', **kwargs):
+        super().__init__(dim, *args, **kwargs)
+        if selection not in ('indexer', 'random'):
+            raise ValueError(f"selection must be 'indexer' or 'random', got {selection!r}")
+        self.selection = selection
 
     def memory_kv(self, memory: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The memory's shared key/value head side by side (B, N, 2 * head_dim), its indexer keys (B, N, index_dim)."""
@@ -138,11 +148,14 @@ class MemorySparseAttention(DynamicSparseAttention):
             self, x: torch.Tensor, memory: Tuple[torch.Tensor, torch.Tensor],
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries (B, L, H, D), keys and values of ``[memory; x]`` (B, N + L, 2D), indexer scores (B, L, N + L)."""
-        q, kv = self.qkv(x).split([self.num_heads * self.head_dim, 2 * self.head_dim], dim=-1)
+        q, own_kv = self.qkv(x).split([self.num_heads * self.head_dim, 2 * self.head_dim], dim=-1)
         q = q.unflatten(-1, (self.num_heads, self.head_dim))
-        index_k = torch.cat([memory[1], self.index_k(kv[..., :self.head_dim])], dim=1)
+        kv = torch.cat([memory[0], own_kv], dim=1)
+        if self.selection == 'random':
+            return q, kv, torch.rand(x.shape[0], x.shape[1], kv.shape[1], device=x.device, dtype=x.dtype)
+        index_k = torch.cat([memory[1], self.index_k(own_kv[..., :self.head_dim])], dim=1)
         scores = self.index_q(q.mean(dim=2)) @ index_k.transpose(-2, -1) * self.index_scale
-        return q, torch.cat([memory[0], kv], dim=1), scores
+        return q, kv, scores
 
     @staticmethod
     def _selectable(scores: torch.Tensor, memory_mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -159,7 +172,7 @@ class MemorySparseAttention(DynamicSparseAttention):
             memory: Tuple[torch.Tensor, torch.Tensor],
             memory_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """Key positions (B, L, min(k, N + L)) each query attends to, as chosen by the indexer."""
+        """Key positions (B, L, min(k, N + L)) each query attends to, as chosen by the indexer (or at random)."""
         scores = self._selectable(self._scores(x, memory)[2], memory_mask)
         return scores.topk(min(self.topk, scores.shape[-1]), dim=-1).indices
 

@@ -36,6 +36,9 @@ steps read through attention, so what a step learns about the image is what it c
   hypothesis query of an earlier step selected (its glimpse) cannot be selected again by any query of
   a later step, so every step must read new image regions (at most k a step: 49 tokens need at least
   9 steps at k = 6; once all are read, the steps read their own tokens only).
+* ``glimpse_selection='random'`` (a control; needs ``attn='dsa'``): each query's k keys are drawn at
+  random at every forward instead of chosen by the indexer (``MemorySparseAttention(selection='random')``),
+  so a step's glimpse is no choice of the model's: the study's test of whether the indexer's choices matter.
 
 Halting: the pooled model's ``forward_adaptive`` (each image stops at its own step, by confidence,
 change or the learned halting head of ACT, Graves 2016, "Adaptive Computation Time for Recurrent
@@ -163,6 +166,8 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             read untrained rows).
         mask_seen: in each block, image tokens that an earlier step's hypothesis query selected cannot
             be selected again (needs ``attn='dsa'``).
+        glimpse_selection: ``'indexer'`` (the default) or ``'random'``: k keys drawn at random at every forward,
+            a control (needs ``attn='dsa'``).
         dynamic_img_size: resample the position embedding at every forward for inputs of another
             size (else such an input is a ValueError).
         topk: the DSA budget k, over ``[image tokens; step tokens]`` (every key while there are at
@@ -179,6 +184,7 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             step_embed: bool = True,
             max_steps: int = 64,
             mask_seen: bool = False,
+            glimpse_selection: str = 'indexer',
             dynamic_img_size: bool = False,
             num_steps: int = 16,
             attn: str = 'dsa',
@@ -206,6 +212,10 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
                              f'got {max_steps!r}')
         if mask_seen and attn != 'dsa':
             raise ValueError("mask_seen needs attn='dsa' (dense attention selects no image tokens to mask)")
+        if glimpse_selection not in ('indexer', 'random'):
+            raise ValueError(f"glimpse_selection must be 'indexer' or 'random', got {glimpse_selection!r}")
+        if glimpse_selection == 'random' and attn != 'dsa':
+            raise ValueError("glimpse_selection='random' needs attn='dsa' (dense attention reads every image token)")
         img_size = to_2tuple(img_size)
         grid = memory_grid_size(img_size, num_stages, memory_stride)
         if not all(isinstance(s, int) for s in img_size) or min(grid) < 1:
@@ -217,6 +227,9 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
         self.memory_grid: List[int] = list(grid)
         self.keep_summary = keep_summary
         self.mask_seen = mask_seen
+        for blk in self.blocks:  # the blocks are built by the pooled model, which has no glimpses to choose
+            if isinstance(blk.attn, MemorySparseAttention):
+                blk.attn.selection = glimpse_selection
         self.dynamic_img_size = dynamic_img_size
         self.hypothesis_slot = 1 if keep_summary else 0
 
