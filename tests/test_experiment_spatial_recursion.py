@@ -151,4 +151,5 @@ def test_glimpse_table_reads_the_kept_reports(tmp_path):
     (report / 'glimpses.json').write_text(json.dumps({'accuracy': [0.5, 0.625], 'glimpses': {
         'new_regions': [10.0, 4.5], 'coverage': [0.2, 0.3]}}))
     table = study_tables.glimpse_table(tmp_path)
-    assert '| 1 | 50.0 | 10.00 | 20.0 |' in table and '| 2 | 62.5 | 4.50 | 30.0 |' in table
+    assert '| `dsa_k6_steps16_mask_seen` | top-1 (%) | 50.0 | 62.5 |' in table
+    assert '| `dsa_k6_steps16_mask_seen` | read so far (%) | 20.0 | 30.0 |' in table

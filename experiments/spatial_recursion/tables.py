@@ -139,25 +139,20 @@ def provenance_table(cells: Dict[str, List[dict]]) -> str:
 
 
 def glimpse_table(results: pathlib.Path) -> str:
-    """Per step, for every cell whose seed-0 report was kept (``results/<cell>/seed0/report/glimpses.json``,
-    ``timm-recursive report`` on its exported model): top-1, image regions read for the first time, and the share
-    of the image read so far."""
+    """For every cell whose seed-0 report was kept (``results/<cell>/seed0/report/glimpses.json``, ``timm-recursive
+    report`` on its exported model), per step: top-1 and the share of the image map the hypothesis query has read
+    so far (a row each, so that the cells compare step by step)."""
     reports = {path.parents[2].name: json.loads(path.read_text())
                for path in sorted(results.glob('*/seed0/report/glimpses.json'))}
     if not reports:
         return 'not measured yet: `timm-recursive report --checkpoint RUN --dataset fashion_mnist --num-images 1000`'
-    header, rows = ['step'], []
-    for name in reports:
-        header += [f'`{name}`: top-1 (%)', 'new regions', 'read so far (%)']
-    steps = max(len(r['accuracy']) for r in reports.values())
-    for t in range(steps):
-        row = [t + 1]
-        for r in reports.values():
-            g = r['glimpses']
-            row += ([f'{100 * r["accuracy"][t]:.1f}', f'{g["new_regions"][t]:.2f}', f'{100 * g["coverage"][t]:.1f}']
-                    if t < len(r['accuracy']) else ['', '', ''])
-        rows.append(row)
-    return markdown_table(header, rows)
+    rows = []
+    for name, r in reports.items():
+        rows.append([f'`{name}`', 'top-1 (%)'] + [f'{100 * a:.1f}' for a in r['accuracy']])
+        rows.append([f'`{name}`', 'read so far (%)'] + [f'{100 * c:.1f}' for c in r['glimpses']['coverage']])
+    steps = max(len(row) for row in rows) - 2
+    rows = [row + [''] * (steps + 2 - len(row)) for row in rows]
+    return markdown_table(['cell', 'per step'] + [f't={t}' for t in range(1, steps + 1)], rows)
 
 
 def _percent(values: List[float]) -> str:
