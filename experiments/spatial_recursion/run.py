@@ -79,6 +79,11 @@ DESIGN_SEARCH = (
     Cell('dense_mlp_steps16', 'recursive_sa_mlp_spatial_tiny.fashion_mnist', ('num_steps=16',), 'ablation'),
     # a control for the chosen design: its k=2 glimpses drawn at random, so that the indexer's choices are tested
     Cell('dsa_k2_steps16_random', SPATIAL, ('num_steps=16', 'topk=2', 'glimpse_selection=random'), 'ablation'),
+    # why even dense attention over the image is below the pooled model: the memory read after the last max-pool
+    # (3 x 3 tokens of the map the pooled model averages) instead of before it (7 x 7)
+    Cell('dense_steps16_stride8', 'recursive_sa_moe_spatial_tiny.fashion_mnist', ('num_steps=16', 'memory_stride=8'),
+         'ablation'),
+    Cell('dsa_k2_steps16_stride8', SPATIAL, ('num_steps=16', 'topk=2', 'memory_stride=8'), 'ablation'),
 )
 # what a user would pick instead, with the same recipe at similar multiply-adds (one 28 px image: the spatial
 # DSA-MoE at 16 steps 43 M, ResNet-18 33 M, this ViT-Ti (width 192, 3 heads, patch 4: 49 tokens, 2 blocks) 44 M)
@@ -93,6 +98,9 @@ BASELINES = (
 # is experiments/fashion_mnist_baselines' (8 steps: its step 1 already equals its step 8)
 FULL_DATA = (
     Cell('full_dsa_k2_steps16', SPATIAL, ('num_steps=16', 'topk=2'), 'full'),
+    # its random-glimpse control: on the ablation recipe it read most of the map by step 16 and refined more than
+    # the learned indexer, which reads the same few regions at every step
+    Cell('full_dsa_k2_steps16_random', SPATIAL, ('num_steps=16', 'topk=2', 'glimpse_selection=random'), 'full'),
 )
 CELLS = {cell.name: cell for cell in DESIGN_SEARCH + BASELINES + FULL_DATA}
 

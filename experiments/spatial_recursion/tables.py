@@ -50,6 +50,8 @@ def design(summary: dict) -> str:
         attention = 'dense attention'
     parts = ['spatial' if spatial else 'pooled', attention, 'MLP' if 'mlp' in model else 'MoE',
              f'{summary["num_steps"]} steps']
+    if kwargs.get('memory_stride') == 8:
+        parts.append('memory after the max-pool')
     if kwargs.get('mask_seen'):
         parts.append('seen tokens masked')
     if kwargs.get('keep_summary'):
