@@ -84,6 +84,9 @@ DESIGN_SEARCH = (
     Cell('dense_steps16_stride8', 'recursive_sa_moe_spatial_tiny.fashion_mnist', ('num_steps=16', 'memory_stride=8'),
          'ablation'),
     Cell('dsa_k2_steps16_stride8', SPATIAL, ('num_steps=16', 'topk=2', 'memory_stride=8'), 'ablation'),
+    # the random-glimpse control on that memory
+    Cell('dsa_k2_steps16_stride8_random', SPATIAL,
+         ('num_steps=16', 'topk=2', 'memory_stride=8', 'glimpse_selection=random'), 'ablation'),
 )
 # what a user would pick instead, with the same recipe at similar multiply-adds (one 28 px image: the spatial
 # DSA-MoE at 16 steps 43 M, ResNet-18 33 M, this ViT-Ti (width 192, 3 heads, patch 4: 49 tokens, 2 blocks) 44 M)
