@@ -219,6 +219,24 @@ def test_random_glimpses_ignore_the_indexer_and_vary_between_forwards():
     assert model.blocks[0].attn.qkv.weight.grad is not None and model.blocks[0].attn.index_q.weight.grad is None
 
 
+def test_sampled_glimpses_explore_in_training_and_are_the_indexers_top_k_in_eval():
+    sampled, learned = _tiny(num_steps=4, topk=2, glimpse_selection='sampled'), _tiny(num_steps=4, topk=2)
+    assert all(blk.attn.selection == 'sampled' for blk in sampled.blocks)
+    x = torch.randn(4, 3, 32, 32)
+    assert torch.equal(sampled.forward_glimpses(x), learned.forward_glimpses(x))  # same weights, same choice
+    picked = []
+    handle = sampled.blocks[0].attn.key_select.register_forward_hook(lambda m, args, out: picked.append(args[0]))
+    try:
+        sampled.train()
+        for _ in range(2):
+            sampled(x).logsumexp(-1).sum().backward()
+    finally:
+        handle.remove()
+    half = len(picked) // 2
+    assert any(not torch.equal(a, b) for a, b in zip(picked[:half], picked[half:]))  # a new sample each forward
+    assert sampled.blocks[0].attn.index_q.weight.grad is not None  # the indexer still learns from the gate
+
+
 def test_step_embedding_and_summary_options():
     plain = _tiny(step_embed=False)
     assert plain.step_embed is None and 'step_embed' not in plain.state_dict()

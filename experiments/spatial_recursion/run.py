@@ -87,6 +87,10 @@ DESIGN_SEARCH = (
     # the random-glimpse control on that memory
     Cell('dsa_k2_steps16_stride8_random', SPATIAL,
          ('num_steps=16', 'topk=2', 'memory_stride=8', 'glimpse_selection=random'), 'ablation'),
+    # after the controls: random glimpses refine more and end higher than the learned indexer, which rereads the
+    # same regions; an indexer that explores in training (Gumbel-top-k) and must read new regions (the mask)
+    Cell('dsa_k2_steps16_sampled_mask_seen', SPATIAL,
+         ('num_steps=16', 'topk=2', 'mask_seen=True', 'glimpse_selection=sampled'), 'ablation'),
 )
 # what a user would pick instead, with the same recipe at similar multiply-adds (one 28 px image: the spatial
 # DSA-MoE at 16 steps 43 M, ResNet-18 33 M, this ViT-Ti (width 192, 3 heads, patch 4: 49 tokens, 2 blocks) 44 M)

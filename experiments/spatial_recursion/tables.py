@@ -44,8 +44,8 @@ def design(summary: dict) -> str:
     spatial = '_spatial_' in model
     if 'dsa' in model:
         attention = f'DSA k={kwargs.get("topk", 6)}'
-        if kwargs.get('glimpse_selection') == 'random':
-            attention += ' drawn at random'
+        attention += {'random': ' drawn at random', 'sampled': ' sampled in training'}.get(
+            kwargs.get('glimpse_selection'), '')
     else:
         attention = 'dense attention'
     parts = ['spatial' if spatial else 'pooled', attention, 'MLP' if 'mlp' in model else 'MoE',

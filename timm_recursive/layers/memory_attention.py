@@ -28,7 +28,10 @@ Two layers, one per attention:
   the budget is filled with masked ones (their scores are -inf, so which is unspecified).
   ``selection='random'`` (a control, as the random-glimpse baseline of glimpse models) replaces the
   indexer's scores with uniform noise drawn at every forward: each query attends to k keys chosen at
-  random, the indexer is left untrained, and the products executed are the same.
+  random, the indexer is left untrained, and the products executed are the same. ``selection='sampled'``
+  explores in training only: the top-k reads the indexer's scores plus Gumbel noise, so the k keys are a
+  sample without replacement from ``softmax(scores)`` (Gumbel-top-k, Kool et al., 2019, "Stochastic Beams
+  and Where to Find Them") rather than always the best-scored; in eval mode it is the indexer's top-k.
 
 Hook points (the convention of ``timm_recursive.layers``): ``MemorySparseAttention``'s ``key_select``
 input is the attended key positions (B, L, n), n = min(k, N + L), positions ``< N`` being memory
@@ -128,13 +131,16 @@ class MemorySparseAttention(DynamicSparseAttention):
     """Dynamic Sparse Attention of the queries over ``[memory; queries]``, gathering the k selected keys.
 
     The arguments, weights and hook points are ``DynamicSparseAttention``'s, and ``selection``: ``'indexer'``
-    (the default) or ``'random'``, k keys drawn uniformly at every forward (a control); see the module docstring.
+    (the default), ``'sampled'`` (Gumbel-top-k of the indexer's scores in training, its top-k in eval) or
+    ``'random'`` (k keys drawn uniformly at every forward, a control); see the module docstring.
     """
+
+    SELECTIONS = ('indexer', 'sampled', 'random')
 
     def __init__(self, dim: int, *args, selection: str = 'indexer', **kwargs):
         super().__init__(dim, *args, **kwargs)
-        if selection not in ('indexer', 'random'):
-            raise ValueError(f"selection must be 'indexer' or 'random', got {selection!r}")
+        if selection not in self.SELECTIONS:
+            raise ValueError(f'selection must be one of {self.SELECTIONS}, got {selection!r}')
         self.selection = selection
 
     def memory_kv(self, memory: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -157,9 +163,11 @@ class MemorySparseAttention(DynamicSparseAttention):
         scores = self.index_q(q.mean(dim=2)) @ index_k.transpose(-2, -1) * self.index_scale
         return q, kv, scores
 
-    @staticmethod
-    def _selectable(scores: torch.Tensor, memory_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """The scores the top-k reads: masked memory keys at -inf, the queries' own keys never masked."""
+    def _selectable(self, scores: torch.Tensor, memory_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """The scores the top-k reads: Gumbel-perturbed with ``selection='sampled'`` in training, masked memory
+        keys at -inf, the queries' own keys never masked."""
+        if self.selection == 'sampled' and self.training:
+            scores = scores - torch.log(-torch.log(torch.rand_like(scores).clamp(min=1e-20)))
         if memory_mask is None:
             return scores
         B, L, M = scores.shape

@@ -39,6 +39,8 @@ steps read through attention, so what a step learns about the image is what it c
 * ``glimpse_selection='random'`` (a control; needs ``attn='dsa'``): each query's k keys are drawn at
   random at every forward instead of chosen by the indexer (``MemorySparseAttention(selection='random')``),
   so a step's glimpse is no choice of the model's: the study's test of whether the indexer's choices matter.
+  ``'sampled'``: in training the k keys are a Gumbel-top-k sample of the indexer's scores (exploration),
+  in eval its top-k.
 
 Halting: the pooled model's ``forward_adaptive`` (each image stops at its own step, by confidence,
 change or the learned halting head of ACT, Graves 2016, "Adaptive Computation Time for Recurrent
@@ -166,8 +168,9 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             read untrained rows).
         mask_seen: in each block, image tokens that an earlier step's hypothesis query selected cannot
             be selected again (needs ``attn='dsa'``).
-        glimpse_selection: ``'indexer'`` (the default) or ``'random'``: k keys drawn at random at every forward,
-            a control (needs ``attn='dsa'``).
+        glimpse_selection: ``'indexer'`` (the default), ``'sampled'`` (a Gumbel-top-k sample of the indexer's
+            scores in training, its top-k in eval) or ``'random'`` (k keys drawn at random at every forward, a
+            control); the last two need ``attn='dsa'``.
         dynamic_img_size: resample the position embedding at every forward for inputs of another
             size (else such an input is a ValueError).
         topk: the DSA budget k, over ``[image tokens; step tokens]`` (every key while there are at
@@ -212,10 +215,12 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
                              f'got {max_steps!r}')
         if mask_seen and attn != 'dsa':
             raise ValueError("mask_seen needs attn='dsa' (dense attention selects no image tokens to mask)")
-        if glimpse_selection not in ('indexer', 'random'):
-            raise ValueError(f"glimpse_selection must be 'indexer' or 'random', got {glimpse_selection!r}")
-        if glimpse_selection == 'random' and attn != 'dsa':
-            raise ValueError("glimpse_selection='random' needs attn='dsa' (dense attention reads every image token)")
+        if glimpse_selection not in MemorySparseAttention.SELECTIONS:
+            raise ValueError(f'glimpse_selection must be one of {MemorySparseAttention.SELECTIONS}, '
+                             f'got {glimpse_selection!r}')
+        if glimpse_selection != 'indexer' and attn != 'dsa':
+            raise ValueError(f"glimpse_selection={glimpse_selection!r} needs attn='dsa' (dense attention reads every "
+                             f"image token)")
         img_size = to_2tuple(img_size)
         grid = memory_grid_size(img_size, num_stages, memory_stride)
         if not all(isinstance(s, int) for s in img_size) or min(grid) < 1:
