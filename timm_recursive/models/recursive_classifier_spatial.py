@@ -54,8 +54,9 @@ memory keys and values, which are not recomputed.
 error naming the sizes unless ``dynamic_img_size=True`` (the embedding is resampled with timm's
 ``resample_abs_pos_embed`` at every forward) or after ``set_input_size`` (resampled once).
 
-What training it measured (the steps refine when each must read new regions, at a cost in accuracy against
-the pooled model): ``experiments/spatial_recursion``.
+What training it measured (the steps refine as far as each reads new regions, at a cost in accuracy against
+the pooled model; the learned indexer rereads the same few regions, so random glimpses refine more; dense
+attention over the memory after the max-pool matches the pooled model): ``experiments/spatial_recursion``.
 """
 from typing import List, Optional, Tuple, Union
 
