@@ -55,7 +55,8 @@ def test_tables_choose_the_design_on_held_out_images_and_give_intervals_over_see
     pieces = study_tables.tables(tmp_path)
     # the pooled cell is never the chosen spatial design, however it does on held-out images
     assert '`dsa_k2_steps4_mask_seen`' in pieces['headline'] and '+0.50 (+0.50 to +0.50)' in pieces['headline']
-    assert 'not reached' in pieces['headline']
+    # the target's status names the other designs (3 seeds, no control) that reach it on test
+    assert 'not reached by it; reached by `dsa_k6_steps4` +4.00 (' in pieces['headline']
     row = next(line for line in pieces['design_search'].splitlines() if '`dsa_k6_steps4`' in line)
     assert 'spatial, DSA k=6, MoE, 4 steps' in row and '+4.00 (' in row and '+0.00' in row  # test vs held-out
     assert '| `pooled_dsa_k6_steps4` | pooled, DSA k=6, MoE, 4 steps | 0 |' in pieces['design_search']
@@ -91,10 +92,22 @@ def test_full_data_cells_are_compared_with_the_pooled_full_runs_not_searched(tmp
     assert rows[3].endswith('| no |')
     assert '| `full_dsa_k2_steps4` | 1 |' in pieces['provenance']
     # the headline names the chosen design's full-data result beside the pooled model's and the target
-    assert pieces['headline'].endswith(
-        "; on all 60,000 images (10 epochs, 2 seeds) its last step 92.50% (86.15 to 98.85) against the pooled "
-        "DSA-MoE's 91.00% (one run: no interval), step 1 -> last +2.50 (-3.85 to +8.85) points (target: 92.5%: "
-        "reached)")
+    clause = ("; on all 60,000 images (10 epochs, 2 seeds) {} last step 92.50% (86.15 to 98.85) against the pooled "
+              "DSA-MoE's 91.00% (one run: no interval), step 1 -> last +2.50 (-3.85 to +8.85) points (target: 92.5%: "
+              "reached)")
+    assert pieces['headline'].endswith(clause.format('its'))
+    # a later cell chosen over the design the full-data runs are of: those runs are named, and a control's left out
+    later = _summary(spatial, {'num_steps': 4, 'topk': 2, 'mask_seen': True}, 0, [60., 70., 70., 70.], [60.] * 3 + [70.],
+                     '2026-12-05T13:00Z')
+    control = _summary(spatial, {'num_steps': 4, 'topk': 2, 'glimpse_selection': 'random'}, 0, [80.] * 4, [80.] * 4,
+                       '2026-12-05T14:00Z')
+    for folder, summary in ((tmp_path / 'results' / 'dsa_k2_steps4_mask_seen' / 'seed0', later),
+                            (tmp_path / 'results' / 'full_dsa_k2_steps4_random' / 'seed0', control)):
+        folder.mkdir(parents=True)
+        (folder / 'summary.json').write_text(json.dumps(summary))
+    headline = study_tables.tables(tmp_path / 'results')['headline']
+    assert headline.startswith('spatial, DSA k=2, MoE, 4 steps, seen tokens masked (`dsa_k2_steps4_mask_seen`')
+    assert headline.endswith(clause.format("`dsa_k2_steps4`'s")) and 'random' not in headline
 
 
 def test_halting_table_compares_each_seeds_exit_with_the_fixed_depth_of_no_more_macs(tmp_path):
