@@ -177,10 +177,15 @@ def _is_control(runs: List[dict]) -> bool:
     return runs[0]['model_kwargs'].get('glimpse_selection') == 'random'
 
 
+def _spatial_designs(cells: Dict[str, List[dict]]) -> Dict[str, List[dict]]:
+    """The spatial cells that are designs (not random-glimpse controls)."""
+    return {name: runs for name, runs in cells.items() if '_spatial_' in runs[0]['model'] and not _is_control(runs)}
+
+
 def chosen_design(cells: Dict[str, List[dict]]) -> str:
     """The spatial cell with the most seeds and, among those, the largest held-out change; a control whose
     glimpses are drawn at random is no design to choose."""
-    spatial = {name: runs for name, runs in cells.items() if '_spatial_' in runs[0]['model'] and not _is_control(runs)}
+    spatial = _spatial_designs(cells)
     return max(spatial, key=lambda name: (len(spatial[name]), held_out_change(spatial[name])), default='')
 
 
@@ -217,13 +222,13 @@ def headline(cells: Dict[str, List[dict]], full: Dict[str, List[dict]], pooled: 
     runs = cells[name]
     change, half = _change(runs)
     last = [p[-1] for p in _per_step(runs)]
-    others = [f'`{other}` {format_interval(*_change(cells[other]), signed=True)}' for other in cells
-              if other != name and '_spatial_' in cells[other][0]['model'] and not _is_control(cells[other])
-              and len(cells[other]) >= 3 and _reaches_target(cells[other])]
-    status = 'reached' if _reaches_target(runs) else 'not reached'
+    others = [f'`{other}` {format_interval(*_change(other_runs), signed=True)}'
+              for other, other_runs in _spatial_designs(cells).items()
+              if other != name and len(other_runs) >= 3 and _reaches_target(other_runs)]
+    reached = _reaches_target(runs)
+    status = 'reached' if reached else 'not reached'
     if others:
-        status += f'; also reached by {", ".join(others)}' if _reaches_target(runs) else \
-            f' by it; reached by {", ".join(others)}'
+        status += f'; also reached by {", ".join(others)}' if reached else f' by it; reached by {", ".join(others)}'
     beside = '; '.join(f'{label} {_percent([p[-1] for p in _per_step(cells[other])])}'
                        for other, label in COMPARED if other in cells)
     return (f'{design(runs[0])} (`{name}`, the design with the largest step-1-to-last change on held-out training '
