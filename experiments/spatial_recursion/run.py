@@ -91,6 +91,10 @@ DESIGN_SEARCH = (
     # same regions; an indexer that explores in training (Gumbel-top-k) and must read new regions (the mask)
     Cell('dsa_k2_steps16_sampled_mask_seen', SPATIAL,
          ('num_steps=16', 'topk=2', 'mask_seen=True', 'glimpse_selection=sampled'), 'ablation'),
+    # a deterministic design that must explore, on the memory where dense reading matches the pooled model: the
+    # mask over the 3 x 3 map (every region a step may read carries the object, unlike the 7 x 7 map's border)
+    Cell('dsa_k2_steps16_stride8_mask_seen', SPATIAL,
+         ('num_steps=16', 'topk=2', 'memory_stride=8', 'mask_seen=True'), 'ablation'),
 )
 # what a user would pick instead, with the same recipe at similar multiply-adds (one 28 px image: the spatial
 # DSA-MoE at 16 steps 43 M, ResNet-18 33 M, this ViT-Ti (width 192, 3 heads, patch 4: 49 tokens, 2 blocks) 44 M)
