@@ -196,7 +196,7 @@ def test_mask_seen_makes_every_glimpse_new():
     assert len(glimpses) == 6
     for t in range(1, 6):  # no image token of an earlier glimpse is read again by the hypothesis query
         assert not glimpses[t] & set().union(*glimpses[:t]), t
-    with pytest.raises(ValueError, match="mask_seen needs attn='dsa'"):
+    with pytest.raises(ValueError, match="mask_seen=True needs attn='dsa'"):
         _tiny(mask_seen=True, attn='dense')
 
 
@@ -235,6 +235,67 @@ def test_sampled_glimpses_explore_in_training_and_are_the_indexers_top_k_in_eval
     half = len(picked) // 2
     assert any(not torch.equal(a, b) for a, b in zip(picked[:half], picked[half:]))  # a new sample each forward
     assert sampled.blocks[0].attn.index_q.weight.grad is not None  # the indexer still learns from the gate
+
+
+def test_indexer_loss_teaches_the_indexer_the_dense_attentions_ranking():
+    """The KL to dense attention trains index_q and index_k only, over the selectable keys, and training the
+    indexer on it alone makes its top-k agree with the dense attention's top-k more."""
+    torch.manual_seed(0)
+    B, N, L, C, k = 8, 24, 3, 32, 4
+    layer = MemorySparseAttention(C, num_heads=4, topk=k, index_dim=8, indexer_loss_weight=1.)
+    memory = torch.randn(B, N, C, requires_grad=True)
+    x = torch.randn(B, L, C, requires_grad=True)
+    loss = layer.indexer_loss(x, layer.memory_kv(memory))
+    assert loss.ndim == 0 and loss.item() > 0
+    loss.backward()
+    assert layer.index_q.weight.grad.abs().sum() > 0 and layer.index_k.weight.grad.abs().sum() > 0
+    assert layer.qkv.weight.grad is None and x.grad is None  # detached inputs: the attention is left alone
+    assert memory.grad is None or not memory.grad.any()
+
+    def dense_top_k(memory_mask=None):
+        with torch.no_grad():
+            q, own_kv = layer.qkv(x).split([C, 2 * layer.head_dim], dim=-1)
+            keys = torch.cat([layer.memory_kv(memory)[0], own_kv], dim=1)[..., :layer.head_dim]
+            logits = (q.unflatten(-1, (4, layer.head_dim)) @ keys.unsqueeze(1).transpose(-2, -1)).softmax(-1)
+            return logits.mean(2).topk(k, dim=-1).indices
+
+    def agreement():
+        with torch.no_grad():
+            picked = layer.select(x, layer.memory_kv(memory))
+        return (picked.unsqueeze(-1) == dense_top_k().unsqueeze(-2)).any(-1).float().mean().item()
+
+    before = agreement()
+    optimizer = torch.optim.Adam([layer.index_q.weight, layer.index_k.weight], lr=0.02)
+    for _ in range(200):
+        optimizer.zero_grad()
+        layer.indexer_loss(x, layer.memory_kv(memory)).backward()
+        optimizer.step()
+    assert float(layer.indexer_loss(x, layer.memory_kv(memory))) < 0.5 * float(loss)
+    assert agreement() > before + 0.2, (before, agreement())
+    # masked memory keys are out of both distributions: the loss stays finite with all but two masked
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[:, :2] = False
+    assert torch.isfinite(layer.indexer_loss(x, layer.memory_kv(memory), mask))
+
+
+def test_indexer_loss_weight_joins_the_auxiliary_loss_in_training_only():
+    x = torch.randn(2, 3, 32, 32)
+    plain, taught = _tiny(num_steps=3, topk=4), _tiny(num_steps=3, topk=4, indexer_loss_weight=10.)
+    assert all(blk.attn.indexer_loss_weight == 10. for blk in taught.blocks)
+    for model in (plain, taught):
+        model.train()
+    (logits_plain, aux_plain), (logits_taught, aux_taught) = plain.forward_steps(x), taught.forward_steps(x)
+    torch.testing.assert_close(logits_plain, logits_taught)  # the same weights answer the same
+    assert float(aux_taught) > float(aux_plain)  # the KL is > 0 (small at initialisation: both near uniform)
+    aux_taught.backward()
+    assert taught.blocks[0].attn.index_k.weight.grad.abs().sum() > 0
+    taught.eval()
+    torch.testing.assert_close(taught.forward_steps(x)[1], plain.eval().forward_steps(x)[1])  # eval: no KL
+    for kwargs, match in ((dict(attn='dense', indexer_loss_weight=1.), "indexer_loss_weight=1.0 needs attn='dsa'"),
+                          (dict(glimpse_selection='random', indexer_loss_weight=1.), "selection='random'"),
+                          (dict(indexer_loss_weight=-1.), 'indexer_loss_weight must be a finite number')):
+        with pytest.raises(ValueError, match=match):
+            _tiny(**kwargs)
 
 
 def test_step_embedding_and_summary_options():
@@ -408,7 +469,7 @@ def test_bad_input_errors_name_the_problem(shape, dtype, error, match):
     (dict(memory_stride=2), ValueError, r'memory_stride must be one of \(4, 8\)'),
     (dict(img_size=3), ValueError, 'img_size'),
     (dict(attn='dense', mask_seen=True), ValueError, 'mask_seen'),
-    (dict(glimpse_selection='uniform'), ValueError, 'glimpse_selection'),
+    (dict(glimpse_selection='uniform'), ValueError, 'selection must be one of'),
     (dict(attn='dense', glimpse_selection='random'), ValueError, "glimpse_selection='random' needs attn='dsa'"),
     (dict(topk=0), ValueError, 'topk'),
     (dict(attn='linear'), ValueError, 'attn'),

@@ -95,6 +95,10 @@ DESIGN_SEARCH = (
     # mask over the 3 x 3 map (every region a step may read carries the object, unlike the 7 x 7 map's border)
     Cell('dsa_k2_steps16_stride8_mask_seen', SPATIAL,
          ('num_steps=16', 'topk=2', 'memory_stride=8', 'mask_seen=True'), 'ablation'),
+    # the indexer's own training signal: its KL divergence to the dense attention of its block over every image
+    # token (DeepSeek's indexer objective), weighted 100 inside the auxiliary loss (1.0 against the cross-entropy
+    # at the recipe's --aux-loss-coef 0.01); the gate alone trains only the keys the indexer already picks
+    Cell('dsa_k2_steps16_indexer_kl', SPATIAL, ('num_steps=16', 'topk=2', 'indexer_loss_weight=100'), 'ablation'),
 )
 # what a user would pick instead, with the same recipe at similar multiply-adds (one 28 px image: the spatial
 # DSA-MoE at 16 steps 43 M, ResNet-18 33 M, this ViT-Ti (width 192, 3 heads, patch 4: 49 tokens, 2 blocks) 44 M)

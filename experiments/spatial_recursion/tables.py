@@ -46,6 +46,8 @@ def design(summary: dict) -> str:
         attention = f'DSA k={kwargs.get("topk", 6)}'
         attention += {'random': ' drawn at random', 'sampled': ' sampled in training'}.get(
             kwargs.get('glimpse_selection'), '')
+        if kwargs.get('indexer_loss_weight'):
+            attention += ', indexer taught by dense attention'
     else:
         attention = 'dense attention'
     parts = ['spatial' if spatial else 'pooled', attention, 'MLP' if 'mlp' in model else 'MoE',

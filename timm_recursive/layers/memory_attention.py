@@ -33,6 +33,14 @@ Two layers, one per attention:
   sample without replacement from ``softmax(scores)`` (Gumbel-top-k, Kool et al., 2019, "Stochastic Beams
   and Where to Find Them") rather than always the best-scored; in eval mode it is the indexer's top-k.
 
+The gate trains the indexer on the keys it selected only: a key it never picks gets no gradient, and a
+recursion's queries come back to the same keys. ``indexer_loss(x, memory, memory_mask)`` is a training
+signal over every selectable key: the KL divergence from the layer's dense attention (the softmax of every
+head's q.k over all keys, averaged over the heads) to the softmax of the indexer's scores, on detached
+queries and keys, so that it trains the indexer's projections only: the indexer objective of DeepSeek's
+sparse attention (DeepSeek-AI, 2025, "DeepSeek-V3.2-Exp"). The layer stores its weight,
+``indexer_loss_weight`` (0: not used); the caller adds the weighted loss to its training loss.
+
 Hook points (the convention of ``timm_recursive.layers``): ``MemorySparseAttention``'s ``key_select``
 input is the attended key positions (B, L, n), n = min(k, N + L), positions ``< N`` being memory
 tokens (in the memory's order) and ``N + i`` the i-th query token; its ``attn_drop`` input is the
@@ -132,16 +140,24 @@ class MemorySparseAttention(DynamicSparseAttention):
 
     The arguments, weights and hook points are ``DynamicSparseAttention``'s, and ``selection``: ``'indexer'``
     (the default), ``'sampled'`` (Gumbel-top-k of the indexer's scores in training, its top-k in eval) or
-    ``'random'`` (k keys drawn uniformly at every forward, a control); see the module docstring.
+    ``'random'`` (k keys drawn uniformly at every forward, a control); ``indexer_loss_weight``: the weight a
+    caller gives ``indexer_loss`` (>= 0; 0, the default, for none); see the module docstring.
     """
 
     SELECTIONS = ('indexer', 'sampled', 'random')
 
-    def __init__(self, dim: int, *args, selection: str = 'indexer', **kwargs):
+    def __init__(
+            self, dim: int, *args, selection: str = 'indexer', indexer_loss_weight: float = 0., **kwargs):
         super().__init__(dim, *args, **kwargs)
         if selection not in self.SELECTIONS:
             raise ValueError(f'selection must be one of {self.SELECTIONS}, got {selection!r}')
+        if isinstance(indexer_loss_weight, bool) or not isinstance(indexer_loss_weight, (int, float)) \
+                or not 0. <= indexer_loss_weight < float('inf'):
+            raise ValueError(f'indexer_loss_weight must be a finite number >= 0, got {indexer_loss_weight!r}')
+        if indexer_loss_weight > 0 and selection == 'random':
+            raise ValueError("indexer_loss_weight > 0 trains an indexer that selection='random' does not use")
         self.selection = selection
+        self.indexer_loss_weight = float(indexer_loss_weight)
 
     def memory_kv(self, memory: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The memory's shared key/value head side by side (B, N, 2 * head_dim), its indexer keys (B, N, index_dim)."""
@@ -163,16 +179,47 @@ class MemorySparseAttention(DynamicSparseAttention):
         scores = self.index_q(q.mean(dim=2)) @ index_k.transpose(-2, -1) * self.index_scale
         return q, kv, scores
 
+    @staticmethod
+    def _unselectable(scores: torch.Tensor, memory_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """(B, 1, N + L) True at the masked memory keys (the queries' own keys are never masked), or None."""
+        if memory_mask is None:
+            return None
+        own = torch.zeros(scores.shape[0], scores.shape[-1] - memory_mask.shape[1], dtype=torch.bool,
+                          device=scores.device)
+        return torch.cat([memory_mask, own], dim=1).unsqueeze(1)
+
     def _selectable(self, scores: torch.Tensor, memory_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """The scores the top-k reads: Gumbel-perturbed with ``selection='sampled'`` in training, masked memory
-        keys at -inf, the queries' own keys never masked."""
+        keys at -inf."""
         if self.selection == 'sampled' and self.training:
             scores = scores - torch.log(-torch.log(torch.rand_like(scores).clamp(min=1e-20)))
-        if memory_mask is None:
-            return scores
-        B, L, M = scores.shape
-        own = torch.zeros(B, M - memory_mask.shape[1], dtype=torch.bool, device=scores.device)
-        return scores.masked_fill(torch.cat([memory_mask, own], dim=1).unsqueeze(1), float('-inf'))
+        masked = self._unselectable(scores, memory_mask)
+        return scores if masked is None else scores.masked_fill(masked, float('-inf'))
+
+    def indexer_loss(
+            self,
+            x: torch.Tensor,
+            memory: Tuple[torch.Tensor, torch.Tensor],
+            memory_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Mean over queries of KL(dense attention || softmax(indexer scores)) over the selectable keys; the
+        queries and keys are detached, so only ``index_q`` and ``index_k`` get its gradient (module docstring)."""
+        with torch.no_grad():
+            q, own_kv = self.qkv(x).split([self.num_heads * self.head_dim, 2 * self.head_dim], dim=-1)
+            q = q.unflatten(-1, (self.num_heads, self.head_dim))  # B, L, H, D
+            k = torch.cat([memory[0], own_kv], dim=1)[..., :self.head_dim]  # B, M, D
+            logits = (q @ k.unsqueeze(1).transpose(-2, -1)) * self.scale  # B, L, H, M
+            masked = self._unselectable(logits[:, :, 0], memory_mask)
+            if masked is not None:
+                logits = logits.masked_fill(masked.unsqueeze(2), float('-inf'))
+            target = logits.softmax(dim=-1).mean(dim=2)  # B, L, M
+        scores = self.index_q(q.mean(dim=2)) @ self.index_k(k).transpose(-2, -1) * self.index_scale
+        if masked is not None:
+            scores = scores.masked_fill(masked, float('-inf'))
+        log_predicted = F.log_softmax(scores, dim=-1)
+        if masked is not None:  # 0 * -inf at the masked keys, where the target is 0
+            log_predicted = log_predicted.masked_fill(masked, 0.)
+        return (torch.xlogy(target, target) - target * log_predicted).sum(dim=-1).mean()
 
     def select(
             self,

@@ -45,7 +45,7 @@ training scripts use) backpropagates through the whole recursion.
 With ``num_classes=0`` there is no class prediction to feed back, so the hypothesis token stays at
 its learned initial value ``y_0`` at every step.
 """
-from typing import Final, List, Optional, Tuple, Union
+from typing import Any, Dict, Final, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -118,6 +118,7 @@ class RecursiveBlock(nn.Module):
     ``MixtureOfExperts`` are the source's layers (``timm_recursive.layers``).
 
     ``forward`` returns ``(tokens, aux_loss)``; ``aux_loss`` is the MoE's auxiliary loss (0 for an MLP).
+    ``attn_kwargs`` are further arguments of the attention layer (a subclass's layer's own options).
     """
 
     def __init__(
@@ -136,6 +137,7 @@ class RecursiveBlock(nn.Module):
             proj_drop: float = 0.,
             attn_drop: float = 0.,
             drop_path: float = 0.,
+            attn_kwargs: Optional[Dict[str, Any]] = None,
             device=None,
             dtype=None,
     ):
@@ -146,7 +148,7 @@ class RecursiveBlock(nn.Module):
         self.norm1 = nn.LayerNorm(dim, **dd)
         self.attn = self._make_attention(
             attn, dim, num_heads=num_heads, topk=topk, index_dim=index_dim, qkv_bias=qkv_bias,
-            attn_drop=attn_drop, proj_drop=proj_drop, **dd)
+            attn_drop=attn_drop, proj_drop=proj_drop, **(attn_kwargs or {}), **dd)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, **dd)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop, **dd) if ffn == 'mlp' else None
@@ -227,6 +229,8 @@ class RecursiveClassifier(nn.Module):
             fixed recursion). None (default): ``forward`` always runs ``num_steps`` steps.
         halt_criterion: ``forward_adaptive``'s criterion for ``halt_threshold``: 'confidence',
             'change' or 'halting' (the last needs ``halting_head=True``).
+        attn_kwargs: further arguments of every block's attention layer (none for this model's layers; a
+            subclass's layers take their own, e.g. the spatial model's glimpse selection).
     """
     # the token layout's indices where TorchScript reads them (it cannot read module-level ints)
     summary_role: Final[int] = SUMMARY
@@ -262,6 +266,7 @@ class RecursiveClassifier(nn.Module):
             halting_head: bool = False,
             halt_threshold: Optional[float] = None,
             halt_criterion: str = 'confidence',
+            attn_kwargs: Optional[Dict[str, Any]] = None,
             device=None,
             dtype=None,
     ):
@@ -316,7 +321,8 @@ class RecursiveClassifier(nn.Module):
             self._make_block(
                 embed_dim, num_heads, attn=attn, ffn=ffn, topk=topk, index_dim=index_dim, mlp_ratio=mlp_ratio,
                 num_experts=num_experts, experts_per_token=experts_per_token, moe_z_loss_weight=moe_z_loss_weight,
-                qkv_bias=qkv_bias, proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i], **dd)
+                qkv_bias=qkv_bias, proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i],
+                attn_kwargs=attn_kwargs, **dd)
             for i in range(depth)
         ])
         self.norm = nn.LayerNorm(embed_dim, **dd)

@@ -58,7 +58,7 @@ What training it measured (the steps refine as far as each reads new regions, at
 the pooled model; the learned indexer rereads the same few regions, so random glimpses refine more; dense
 attention over the memory after the max-pool matches the pooled model): ``experiments/spatial_recursion``.
 """
-from typing import List, Optional, Tuple, Union
+from typing import Final, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -120,22 +120,28 @@ class SpatialRecursiveBlock(RecursiveBlock):
 
     ``memory_kv(image_tokens)`` normalises the memory (its own LayerNorm ``norm_mem``, as Perceiver
     normalises its input array) and computes its keys and values once; ``forward(x, memory, memory_mask)``
-    returns the tokens, the MoE auxiliary loss and the attended key positions (B, L, n).
+    returns the tokens, the auxiliary loss (the MoE's, plus in training the attention's weighted
+    ``indexer_loss`` when its ``indexer_loss_weight`` is set) and the attended key positions (B, L, n).
     """
+
+    teaches_indexer: Final[bool]
 
     def __init__(self, dim: int, num_heads: int, device=None, dtype=None, **kwargs):
         super().__init__(dim, num_heads, device=device, dtype=dtype, **kwargs)
         self.norm_mem = nn.LayerNorm(dim, device=device, dtype=dtype)
+        # a constant, so that TorchScript compiles the indexer loss's call only for a layer that has one
+        self.teaches_indexer = isinstance(self.attn, MemorySparseAttention) and self.attn.indexer_loss_weight > 0
 
     @staticmethod
     def _make_attention(
             attn: str, dim: int, num_heads: int, topk: int, index_dim: int, qkv_bias: bool, attn_drop: float,
-            proj_drop: float, device=None, dtype=None,
+            proj_drop: float, device=None, dtype=None, **glimpse_options,
     ) -> nn.Module:
+        """``glimpse_options``: ``MemorySparseAttention``'s ``selection`` and ``indexer_loss_weight``."""
         if attn == 'dsa':
             return MemorySparseAttention(
                 dim, num_heads=num_heads, topk=topk, index_dim=index_dim, qkv_bias=qkv_bias,
-                attn_drop=attn_drop, proj_drop=proj_drop, device=device, dtype=dtype)
+                attn_drop=attn_drop, proj_drop=proj_drop, device=device, dtype=dtype, **glimpse_options)
         return MemoryAttention(
             dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop,
             device=device, dtype=dtype)
@@ -149,8 +155,12 @@ class SpatialRecursiveBlock(RecursiveBlock):
             memory: Tuple[torch.Tensor, torch.Tensor],
             memory_mask: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out, keys = self.attn(self.norm1(x), memory, memory_mask)
+        h = self.norm1(x)
+        out, keys = self.attn(h, memory, memory_mask)
         x, aux = self._ffn(x + self.drop_path1(out))
+        if self.teaches_indexer:
+            if self.training:
+                aux = aux + self.attn.indexer_loss_weight * self.attn.indexer_loss(h, memory, memory_mask)
         return x, aux, keys
 
 
@@ -172,6 +182,10 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
         glimpse_selection: ``'indexer'`` (the default), ``'sampled'`` (a Gumbel-top-k sample of the indexer's
             scores in training, its top-k in eval) or ``'random'`` (k keys drawn at random at every forward, a
             control); the last two need ``attn='dsa'``.
+        indexer_loss_weight: weight, inside the auxiliary loss, of the indexer's KL divergence to the dense
+            attention of its block (``MemorySparseAttention.indexer_loss``; DeepSeek's indexer objective), so that
+            the indexer learns to rank every image token, not only those it selected; 0 (the default): none.
+            Needs ``attn='dsa'`` and an indexer that selects (not ``glimpse_selection='random'``).
         dynamic_img_size: resample the position embedding at every forward for inputs of another
             size (else such an input is a ValueError).
         topk: the DSA budget k, over ``[image tokens; step tokens]`` (every key while there are at
@@ -189,6 +203,7 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             max_steps: int = 64,
             mask_seen: bool = False,
             glimpse_selection: str = 'indexer',
+            indexer_loss_weight: float = 0.,
             dynamic_img_size: bool = False,
             num_steps: int = 16,
             attn: str = 'dsa',
@@ -200,11 +215,18 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             dtype=None,
             **kwargs,  # the other RecursiveClassifier arguments (it raises TypeError on unknown ones)
     ):
+        if attn != 'dsa':
+            for name, value, default in (('mask_seen', mask_seen, False), ('glimpse_selection', glimpse_selection,
+                                         'indexer'), ('indexer_loss_weight', indexer_loss_weight, 0.)):
+                if value != default:
+                    raise ValueError(f"{name}={value!r} needs attn='dsa' (dense attention reads every image token: "
+                                     f"it selects none)")
+        glimpse_options = dict(selection=glimpse_selection, indexer_loss_weight=indexer_loss_weight)
         # the halting head is made here, last, so that seeded weights are the same with or without it
         super().__init__(
             num_classes=num_classes, in_chans=in_chans, num_steps=num_steps, attn=attn, embed_dim=embed_dim,
-            halting_head=False, halt_threshold=None, halt_criterion=halt_criterion, device=device, dtype=dtype,
-            **kwargs)
+            halting_head=False, halt_threshold=None, halt_criterion=halt_criterion,
+            attn_kwargs=glimpse_options if attn == 'dsa' else None, device=device, dtype=dtype, **kwargs)
         dd = {'device': device, 'dtype': dtype}
         num_stages = len(self.stages)
         strides = (2 ** (num_stages - 1), 2 ** num_stages)
@@ -214,14 +236,6 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
         if step_embed and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < num_steps):
             raise ValueError(f'max_steps (the step embedding\'s rows) must be an integer >= num_steps={num_steps}, '
                              f'got {max_steps!r}')
-        if mask_seen and attn != 'dsa':
-            raise ValueError("mask_seen needs attn='dsa' (dense attention selects no image tokens to mask)")
-        if glimpse_selection not in MemorySparseAttention.SELECTIONS:
-            raise ValueError(f'glimpse_selection must be one of {MemorySparseAttention.SELECTIONS}, '
-                             f'got {glimpse_selection!r}')
-        if glimpse_selection != 'indexer' and attn != 'dsa':
-            raise ValueError(f"glimpse_selection={glimpse_selection!r} needs attn='dsa' (dense attention reads every "
-                             f"image token)")
         img_size = to_2tuple(img_size)
         grid = memory_grid_size(img_size, num_stages, memory_stride)
         if not all(isinstance(s, int) for s in img_size) or min(grid) < 1:
@@ -233,9 +247,6 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
         self.memory_grid: List[int] = list(grid)
         self.keep_summary = keep_summary
         self.mask_seen = mask_seen
-        for blk in self.blocks:  # the blocks are built by the pooled model, which has no glimpses to choose
-            if isinstance(blk.attn, MemorySparseAttention):
-                blk.attn.selection = glimpse_selection
         self.dynamic_img_size = dynamic_img_size
         self.hypothesis_slot = 1 if keep_summary else 0
 
@@ -375,7 +386,7 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             glimpses: Optional[List[torch.Tensor]] = None,
     ) -> Tuple[torch.Tensor, List[torch.Tensor], torch.Tensor]:
         """Run all steps on ``_encode``'s output: final step tokens (B, T + 1 [+ 1], d), logits of steps
-        1..T-1, mean MoE auxiliary loss; ``grad_window`` and ``step_states`` as in ``RecursiveClassifier``,
+        1..T-1, the auxiliary loss (mean over block calls); ``grad_window`` and ``step_states`` as in ``RecursiveClassifier``,
         ``glimpses`` as in ``_spatial_step``."""
         image, summary = encoded
         memory = self._memory(image)
@@ -395,7 +406,8 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             if t == self.num_steps - 1:
                 break
             y = self._carry(latents, latent, state, y, step_logits, grad_window)
-        return tokens, step_logits, aux / max(1, self.num_moe_blocks * self.num_steps)
+        # every block call may add to it (its MoE, its indexer loss): the mean over the calls
+        return tokens, step_logits, aux / (len(self.blocks) * self.num_steps)
 
     @torch.jit.ignore
     @torch.no_grad()
