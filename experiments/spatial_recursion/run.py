@@ -135,18 +135,24 @@ def train_command(cell: Cell, seed: int, output: pathlib.Path) -> List[str]:
             '--seeds', str(seed), '--output', str(output)]
 
 
-def commit(paths: List[pathlib.Path], message: str) -> None:
-    """Commit only ``paths`` (other staged or changed files are left alone); retried while git is busy."""
-    subprocess.run(['git', 'add', '--', *map(str, paths)], cwd=ROOT, check=True)
+def _git(*args: str) -> subprocess.CompletedProcess:
+    """A git command in the repository, retried while another git process holds the index."""
     for _ in range(10):
-        done = subprocess.run(['git', 'commit', '-q', '-m', message, '--only', '--', *map(str, paths)], cwd=ROOT,
-                              capture_output=True, text=True)
-        if done.returncode == 0 or 'nothing' in done.stdout + done.stderr:
-            return
+        done = subprocess.run(['git', *args], cwd=ROOT, capture_output=True, text=True)
         if 'index.lock' not in done.stderr:
-            raise RuntimeError(f'git commit failed: {done.stderr.strip()}')
+            return done
         time.sleep(3)
-    raise RuntimeError('git commit: the index stayed locked')
+    raise RuntimeError(f'git {args[0]}: the index stayed locked')
+
+
+def commit(paths: List[pathlib.Path], message: str) -> None:
+    """Commit only ``paths`` (other staged or changed files are left alone)."""
+    added = _git('add', '--', *map(str, paths))
+    if added.returncode != 0:
+        raise RuntimeError(f'git add failed: {added.stderr.strip()}')
+    done = _git('commit', '-q', '-m', message, '--only', '--', *map(str, paths))
+    if done.returncode != 0 and 'nothing' not in done.stdout + done.stderr:
+        raise RuntimeError(f'git commit failed: {done.stderr.strip()}')
 
 
 def run_one(cell: Cell, seed: int, out: pathlib.Path, commit_results: bool) -> str:
