@@ -99,6 +99,11 @@ DESIGN_SEARCH = (
     # token (DeepSeek's indexer objective), weighted 100 inside the auxiliary loss (1.0 against the cross-entropy
     # at the recipe's --aux-loss-coef 0.01); the gate alone trains only the keys the indexer already picks
     Cell('dsa_k2_steps16_indexer_kl', SPATIAL, ('num_steps=16', 'topk=2', 'indexer_loss_weight=100'), 'ablation'),
+    # after it (seed 0: more accurate than the gate-trained indexer, but its steps read what dense attention reads,
+    # the same regions at every step): that ranking with the mask, so that each step reads the best regions not
+    # yet read (deterministic, unlike the random and sampled designs)
+    Cell('dsa_k2_steps16_indexer_kl_mask_seen', SPATIAL,
+         ('num_steps=16', 'topk=2', 'indexer_loss_weight=100', 'mask_seen=True'), 'ablation'),
 )
 # what a user would pick instead, with the same recipe at similar multiply-adds (one 28 px image: the spatial
 # DSA-MoE at 16 steps 43 M, ResNet-18 33 M, this ViT-Ti (width 192, 3 heads, patch 4: 49 tokens, 2 blocks) 44 M)
