@@ -104,6 +104,12 @@ DESIGN_SEARCH = (
     # yet read (deterministic, unlike the random and sampled designs)
     Cell('dsa_k2_steps16_indexer_kl_mask_seen', SPATIAL,
          ('num_steps=16', 'topk=2', 'indexer_loss_weight=100', 'mask_seen=True'), 'ablation'),
+    # two levers of the issue not yet varied here, on the design that reaches the refinement target: the gradient
+    # through the whole history (a step's glimpse then also learns from later steps' losses, as the Recurrent
+    # Attention Model is trained through all its glimpses), and no step embedding (the hypothesis query then
+    # differs between steps only through what it has read)
+    Cell('dsa_k2_steps16_grad_window15', SPATIAL, ('num_steps=16', 'topk=2', 'grad_window=15'), 'ablation'),
+    Cell('dsa_k2_steps16_no_step_embed', SPATIAL, ('num_steps=16', 'topk=2', 'step_embed=False'), 'ablation'),
 )
 # what a user would pick instead, with the same recipe at similar multiply-adds (one 28 px image: the spatial
 # DSA-MoE at 16 steps 43 M, ResNet-18 33 M, this ViT-Ti (width 192, 3 heads, patch 4: 49 tokens, 2 blocks) 44 M)

@@ -58,6 +58,10 @@ def design(summary: dict) -> str:
         parts.append('seen tokens masked')
     if kwargs.get('keep_summary'):
         parts.append('+ pooled summary')
+    if kwargs.get('grad_window', 1) != 1:
+        parts.append(f'gradient through {kwargs["grad_window"]} latents')
+    if kwargs.get('step_embed') is False:
+        parts.append('no step embedding')
     return ', '.join(parts)
 
 
