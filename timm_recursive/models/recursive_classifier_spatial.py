@@ -41,6 +41,10 @@ steps read through attention, so what a step learns about the image is what it c
   so a step's glimpse is no choice of the model's: the study's test of whether the indexer's choices matter.
   ``'sampled'``: in training the k keys are a Gumbel-top-k sample of the indexer's scores (exploration),
   in eval its top-k.
+* ``indexer_loss_weight`` (0 by default; needs an indexer that selects): the straight-through gate trains
+  the indexer on the keys it selected only, so it learns nothing about the regions it never reads; with a
+  weight, every block adds the KL divergence from its dense attention over all keys to its indexer
+  (``MemorySparseAttention.indexer_loss``, DeepSeek's indexer objective) to the auxiliary loss in training.
 
 Halting: the pooled model's ``forward_adaptive`` (each image stops at its own step, by confidence,
 change or the learned halting head of ACT, Graves 2016, "Adaptive Computation Time for Recurrent
