@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
+from cycler import cycler  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository's tools/
 from tools.generated_markdown import import_file  # noqa: E402
@@ -45,7 +46,8 @@ def main(argv=None) -> int:
     if not cells:
         parser.error(f'no finished run in {results}')
     fig, ax = plt.subplots(figsize=(11, 5))
-    ax.set_prop_cycle(color=plt.cm.tab20.colors)  # a colour per cell: more cells than the default cycle has
+    # a colour and marker per cell: more cells than the 20 colours of tab20
+    ax.set_prop_cycle(cycler(marker=['.', 'x', '+']) * cycler(color=plt.cm.tab20.colors))
     for name, runs in cells.items():
         macs = [m / 1e6 for m in tables.macs_per_step(runs[0])]
         top1 = [statistics.fmean(v) for v in zip(*(s['test']['exported']['top1_per_step'] for s in runs))]
@@ -53,7 +55,7 @@ def main(argv=None) -> int:
         if len(macs) == 1:
             ax.plot(macs, top1, 'D', label=label)
             continue
-        line, = ax.plot(macs, top1, '.-', label=f'{label}: fixed depths')
+        line, = ax.plot(macs, top1, label=f'{label}: fixed depths')  # the marker is the cycle's
         curve = halting_curve(results, name)
         if curve is not None:
             points, seeds = curve
