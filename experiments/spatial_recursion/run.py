@@ -110,6 +110,13 @@ DESIGN_SEARCH = (
     # differs between steps only through what it has read)
     Cell('dsa_k2_steps16_grad_window15', SPATIAL, ('num_steps=16', 'topk=2', 'grad_window=15'), 'ablation'),
     Cell('dsa_k2_steps16_no_step_embed', SPATIAL, ('num_steps=16', 'topk=2', 'step_embed=False'), 'ablation'),
+    # the taught indexer where its curve should not fall: with the mask only as many steps as regions worth reading
+    # (at 16 steps its seed 0 rose to step 11 and fell as the last steps read the background), and over the memory
+    # after the max-pool, where dense reading matches the pooled model
+    Cell('dsa_k2_steps8_indexer_kl_mask_seen', SPATIAL,
+         ('num_steps=8', 'topk=2', 'indexer_loss_weight=100', 'mask_seen=True'), 'ablation'),
+    Cell('dsa_k2_steps16_stride8_indexer_kl', SPATIAL,
+         ('num_steps=16', 'topk=2', 'memory_stride=8', 'indexer_loss_weight=100'), 'ablation'),
 )
 # what a user would pick instead, with the same recipe at similar multiply-adds (one 28 px image: the spatial
 # DSA-MoE at 16 steps 43 M, ResNet-18 33 M, this ViT-Ti (width 192, 3 heads, patch 4: 49 tokens, 2 blocks) 44 M)
