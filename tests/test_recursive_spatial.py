@@ -270,7 +270,7 @@ def test_indexer_loss_teaches_the_indexer_the_dense_attentions_ranking():
         optimizer.zero_grad()
         layer.indexer_loss(x, layer.memory_kv(memory)).backward()
         optimizer.step()
-    assert float(layer.indexer_loss(x, layer.memory_kv(memory))) < 0.5 * float(loss)
+    assert layer.indexer_loss(x, layer.memory_kv(memory)).item() < 0.5 * loss.item()
     assert agreement() > before + 0.2, (before, agreement())
     # masked memory keys are out of both distributions: the loss stays finite with all but two masked
     mask = torch.ones(B, N, dtype=torch.bool)
