@@ -117,6 +117,9 @@ DESIGN_SEARCH = (
          ('num_steps=8', 'topk=2', 'indexer_loss_weight=100', 'mask_seen=True'), 'ablation'),
     Cell('dsa_k2_steps16_stride8_indexer_kl', SPATIAL,
          ('num_steps=16', 'topk=2', 'memory_stride=8', 'indexer_loss_weight=100'), 'ablation'),
+    # the masked design that refined on every seed (k=6, 8 steps) with the taught indexer
+    Cell('dsa_k6_steps8_indexer_kl_mask_seen', SPATIAL,
+         ('num_steps=8', 'indexer_loss_weight=100', 'mask_seen=True'), 'ablation'),
 )
 # what a user would pick instead, with the same recipe at similar multiply-adds (one 28 px image: the spatial
 # DSA-MoE at 16 steps 43 M, ResNet-18 33 M, this ViT-Ti (width 192, 3 heads, patch 4: 49 tokens, 2 blocks) 44 M)
