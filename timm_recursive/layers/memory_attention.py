@@ -170,14 +170,22 @@ class MemorySparseAttention(DynamicSparseAttention):
             self, x: torch.Tensor, memory: Tuple[torch.Tensor, torch.Tensor],
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries (B, L, H, D), keys and values of ``[memory; x]`` (B, N + L, 2D), indexer scores (B, L, N + L)."""
-        q, own_kv = self.qkv(x).split([self.num_heads * self.head_dim, 2 * self.head_dim], dim=-1)
-        q = q.unflatten(-1, (self.num_heads, self.head_dim))
-        kv = torch.cat([memory[0], own_kv], dim=1)
+        q, own_kv, kv = self._queries_keys_values(x, memory)
         if self.selection == 'random':
             return q, kv, torch.rand(x.shape[0], x.shape[1], kv.shape[1], device=x.device, dtype=x.dtype)
         index_k = torch.cat([memory[1], self.index_k(own_kv[..., :self.head_dim])], dim=1)
-        scores = self.index_q(q.mean(dim=2)) @ index_k.transpose(-2, -1) * self.index_scale
-        return q, kv, scores
+        return q, kv, self._index_scores(q, index_k)
+
+    def _queries_keys_values(
+            self, x: torch.Tensor, memory: Tuple[torch.Tensor, torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (B, L, H, D), the queries' own keys and values (B, L, 2D), those of ``[memory; x]`` (B, N + L, 2D)."""
+        q, own_kv = self.qkv(x).split([self.num_heads * self.head_dim, 2 * self.head_dim], dim=-1)
+        return q.unflatten(-1, (self.num_heads, self.head_dim)), own_kv, torch.cat([memory[0], own_kv], dim=1)
+
+    def _index_scores(self, q: torch.Tensor, index_k: torch.Tensor) -> torch.Tensor:
+        """The indexer's scores (B, L, M) of the per-head mean queries against the indexer keys (B, M, index_dim)."""
+        return self.index_q(q.mean(dim=2)) @ index_k.transpose(-2, -1) * self.index_scale
 
     @staticmethod
     def _unselectable(scores: torch.Tensor, memory_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -205,15 +213,14 @@ class MemorySparseAttention(DynamicSparseAttention):
         """Mean over queries of KL(dense attention || softmax(indexer scores)) over the selectable keys; the
         queries and keys are detached, so only ``index_q`` and ``index_k`` get its gradient (module docstring)."""
         with torch.no_grad():
-            q, own_kv = self.qkv(x).split([self.num_heads * self.head_dim, 2 * self.head_dim], dim=-1)
-            q = q.unflatten(-1, (self.num_heads, self.head_dim))  # B, L, H, D
-            k = torch.cat([memory[0], own_kv], dim=1)[..., :self.head_dim]  # B, M, D
+            q, _, kv = self._queries_keys_values(x, memory)
+            k = kv[..., :self.head_dim]  # B, M, D
             logits = (q @ k.unsqueeze(1).transpose(-2, -1)) * self.scale  # B, L, H, M
             masked = self._unselectable(logits[:, :, 0], memory_mask)
             if masked is not None:
                 logits = logits.masked_fill(masked.unsqueeze(2), float('-inf'))
             target = logits.softmax(dim=-1).mean(dim=2)  # B, L, M
-        scores = self.index_q(q.mean(dim=2)) @ self.index_k(k).transpose(-2, -1) * self.index_scale
+        scores = self._index_scores(q, self.index_k(k))
         if masked is not None:
             scores = scores.masked_fill(masked, float('-inf'))
         log_predicted = F.log_softmax(scores, dim=-1)
