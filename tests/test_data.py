@@ -166,6 +166,23 @@ def test_any_dataset_feeds_any_model(tmp_path, model_name, kwargs, shape, datase
         assert model(pixels).shape == (2, splits.num_classes), f'is_training={is_training}'
 
 
+def test_crop_padding_shifts_the_image_by_at_most_the_padding():
+    from timm_recursive.data.transforms import shift_transform
+    config = dict(input_size=(1, 28, 28), interpolation='bilinear', mean=(0.,), std=(1.,), crop_pct=1.)
+    shift = shift_transform(config, 2, hflip=0., color_jitter=0.)
+    white = Image.fromarray(np.full((28, 28), 255, dtype=np.uint8), 'L')
+    torch.manual_seed(0)
+    shifted = [shift(white)[0] for _ in range(50)]
+    assert all(image.shape == (28, 28) for image in shifted)
+    # the zeros of the padding come in as whole rows and columns, at most 2 on each side
+    zero_rows = {int((image == 0).all(dim=1).sum()) for image in shifted}
+    zero_cols = {int((image == 0).all(dim=0).sum()) for image in shifted}
+    assert zero_rows == zero_cols == {0, 1, 2}
+    assert all(float(image.sum()) >= 26 * 26 for image in shifted)  # never more than 2 px lost per side
+    with pytest.raises(ValueError, match='crop_padding must be a positive number of pixels'):
+        shift_transform(config, 0)
+
+
 @pytest.mark.slow
 def test_the_models_never_import_the_data_package():
     """The layers run one way: a model, its pretrained errors' train command included, needs no dataset code

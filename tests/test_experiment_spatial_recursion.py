@@ -3,6 +3,7 @@ import json
 import pathlib
 
 from tools.generated_markdown import import_file
+from tools.study_runs import schedule
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'spatial_recursion'
 study_run = import_file(STUDY / 'run.py')
@@ -10,7 +11,7 @@ study_tables = import_file(STUDY / 'tables.py')
 
 
 def test_every_cells_first_seed_comes_before_any_second_seed():
-    order = study_run.schedule(list(study_run.CELLS.values()))
+    order = schedule(list(study_run.CELLS.values()))
     seeds = [seed for _, seed in order]
     assert seeds == sorted(seeds) and len(order) == 3 * len(study_run.CELLS)
     assert order[0][0].name == 'dsa_k6_steps16'  # the default design first

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The spatial recursion study (issue 35): do the steps refine once they read the image through DSA?
+"""The spatial recursion study: do the steps refine once they read the image through DSA?
 
     experiments/spatial_recursion/run.py [--out runs/spatial_recursion] [--jobs 2] [--only CELL ...] [--commit]
     experiments/spatial_recursion/run.py --halting CELL [--commit]   # then: python experiments/spatial_recursion/plot.py
@@ -27,35 +27,26 @@ every test image (``experiments/fashion_mnist_baselines``' recipe, whose pooled 
 import argparse
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Dict, List
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository's tools/
+from tools.study_runs import Cell, Study, add_arguments, commit, offline_env, run_study  # noqa: E402
+from tools import study_runs  # noqa: E402
+
 STUDY = pathlib.Path(__file__).resolve().parent
 RESULTS = STUDY / 'results'
-RECORDS = ('summary.json', 'metrics.jsonl', 'args.json')
 
 COMMON = ['--dataset', 'fashion_mnist', '--batch-size', '128', '--lr', '1e-3', '--weight-decay', '0.05',
           '--warmup-epochs', '1', '--clip-grad', '1.0', '--label-smoothing', '0.1', '--scale', '0.75', '1',
-          '--hflip', '0.5', '--resume', '--no-progress']
+          '--hflip', '0.5']
 RECIPES: Dict[str, List[str]] = {
     'ablation': ['--max-train-samples', '6000', '--max-eval-samples', '5000', '--max-selection-samples', '2000',
                  '--epochs', '4'],
     'full': ['--epochs', '10'],
 }
-
-
-class Cell(NamedTuple):
-    name: str
-    model: str  # a timm model name (with its FashionMNIST config tag)
-    kwargs: Tuple[str, ...]  # --model-kwargs
-    recipe: str
-    seeds: Tuple[int, ...] = (0, 1, 2)
-    train_args: Tuple[str, ...] = ()
 
 
 SPATIAL = 'recursive_dsa_moe_spatial_tiny.fashion_mnist'
@@ -143,60 +134,11 @@ FULL_DATA = (
 CELLS = {cell.name: cell for cell in DESIGN_SEARCH + BASELINES + FULL_DATA}
 
 
-def schedule(cells) -> List[Tuple[Cell, int]]:
-    """(cell, seed) in the order they are trained: every cell's first seed, then the second, and so on."""
-    most = max(len(cell.seeds) for cell in cells)
-    return [(cell, cell.seeds[i]) for i in range(most) for cell in cells if i < len(cell.seeds)]
-
-
 def train_command(cell: Cell, seed: int, output: pathlib.Path) -> List[str]:
-    kwargs = ['--model-kwargs', *cell.kwargs] if cell.kwargs else []
-    return [str(ROOT / '.venv' / 'bin' / 'timm-recursive'), 'train', '--model', cell.model, *kwargs,
-            *COMMON, *RECIPES[cell.recipe], *cell.train_args,
-            '--seeds', str(seed), '--output', str(output)]
+    return study_runs.train_command(cell, seed, output, COMMON + RECIPES[cell.recipe])
 
 
-def _git(*args: str) -> subprocess.CompletedProcess:
-    """A git command in the repository, retried while another git process holds the index."""
-    for _ in range(10):
-        done = subprocess.run(['git', *args], cwd=ROOT, capture_output=True, text=True)
-        if 'index.lock' not in done.stderr:
-            return done
-        time.sleep(3)
-    raise RuntimeError(f'git {args[0]}: the index stayed locked')
-
-
-def commit(paths: List[pathlib.Path], message: str) -> None:
-    """Commit only ``paths`` (other staged or changed files are left alone)."""
-    added = _git('add', '--', *map(str, paths))
-    if added.returncode != 0:
-        raise RuntimeError(f'git add failed: {added.stderr.strip()}')
-    done = _git('commit', '-q', '-m', message, '--only', '--', *map(str, paths))
-    if done.returncode != 0 and 'nothing' not in done.stdout + done.stderr:
-        raise RuntimeError(f'git commit failed: {done.stderr.strip()}')
-
-
-def run_one(cell: Cell, seed: int, out: pathlib.Path, commit_results: bool) -> str:
-    folder = out / cell.name / f'seed{seed}'
-    name = f'{cell.name}/seed{seed}'
-    if not (folder / 'summary.json').exists():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        print(f'training {name}', flush=True)
-        with open(folder.parent / f'seed{seed}.log', 'a') as log:
-            env = dict(os.environ, OMP_NUM_THREADS='1', HF_HUB_OFFLINE=os.environ.get('HF_HUB_OFFLINE', '1'),
-                       HF_DATASETS_OFFLINE=os.environ.get('HF_DATASETS_OFFLINE', '1'))
-            done = subprocess.run(train_command(cell, seed, folder), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  cwd=ROOT)
-        if done.returncode != 0:
-            return f'FAILED: {name} (exit {done.returncode}, see {folder.parent / f"seed{seed}.log"})'
-    saved = RESULTS / cell.name / f'seed{seed}'
-    saved.mkdir(parents=True, exist_ok=True)
-    for record in RECORDS:
-        shutil.copyfile(folder / record, saved / record)
-    if commit_results:
-        commit([saved], f'spatial_recursion: {name} landed ({cell.recipe} recipe, run by experiments/'
-                        f'spatial_recursion/run.py)')
-    return f'done: {name} -> {saved.relative_to(ROOT)}'
+SPATIAL_STUDY = Study('spatial_recursion', CELLS, train_command, RESULTS)
 
 
 HALTING_THRESHOLDS = ('0.5', '0.6', '0.7', '0.8', '0.9', '0.95', '0.99', '0.999')
@@ -212,12 +154,11 @@ def measure_halting(cell: Cell, seed: int, out: pathlib.Path, commit_results: bo
     run = out / cell.name / f'seed{seed}'
     if not (run / 'summary.json').exists():
         return f'FAILED: {name} has not finished training (no {run / "summary.json"})'
-    command = [str(ROOT / '.venv' / 'bin' / 'timm-recursive'), 'adaptive-halting', '--checkpoint', str(run),
+    command = [str(study_runs.TRAIN), 'adaptive-halting', '--checkpoint', str(run),
                '--dataset', 'fashion_mnist', '--eval-samples', '5000', '--timing-images', '1000', '--repeats', '5',
                '--criterion', 'confidence', '--thresholds', *HALTING_THRESHOLDS]
     print(f'measuring the confidence exit of {name}', flush=True)
-    env = dict(os.environ, OMP_NUM_THREADS='1', HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, env=offline_env(), cwd=ROOT)
     if done.returncode != 0:
         return f'FAILED: the halting measurement of {name}: {done.stderr.strip().splitlines()[-1:]}'
     temporary = saved.with_suffix('.tmp')
@@ -230,11 +171,7 @@ def measure_halting(cell: Cell, seed: int, out: pathlib.Path, commit_results: bo
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument('--out', type=pathlib.Path, default=ROOT / 'runs' / 'spatial_recursion')
-    parser.add_argument('--jobs', type=int, default=2, help='trainings at once (one thread each)')
-    parser.add_argument('--only', nargs='+', choices=sorted(CELLS), metavar='CELL', help='these cells only')
-    parser.add_argument('--seeds', type=int, nargs='+', help='these seeds only (of each cell\'s)')
-    parser.add_argument('--commit', action='store_true', help='commit each finished run\'s records as it lands')
+    add_arguments(parser, SPATIAL_STUDY, ROOT / 'runs' / 'spatial_recursion')
     parser.add_argument('--halting', choices=sorted(CELLS), metavar='CELL',
                         help='measure the confidence exit on every finished seed of CELL instead of training')
     args = parser.parse_args(argv)
@@ -243,16 +180,7 @@ def main(argv=None) -> int:
         messages = [measure_halting(cell, seed, args.out, args.commit) for seed in (args.seeds or cell.seeds)]
         print('\n'.join(messages))
         return 1 if any(m.startswith('FAILED') for m in messages) else 0
-    cells = [CELLS[name] for name in args.only] if args.only else list(CELLS.values())
-    if args.seeds:
-        cells = [cell._replace(seeds=tuple(s for s in cell.seeds if s in args.seeds)) for cell in cells]
-        cells = [cell for cell in cells if cell.seeds]
-    failed = False
-    with ThreadPoolExecutor(args.jobs) as pool:
-        for message in pool.map(lambda job: run_one(*job, args.out, args.commit), schedule(cells)):
-            print(message, flush=True)
-            failed |= message.startswith('FAILED')
-    return 1 if failed else 0
+    return run_study(SPATIAL_STUDY, args)
 
 
 if __name__ == '__main__':

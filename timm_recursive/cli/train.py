@@ -174,6 +174,9 @@ def parse_args(argv=None):
     g.add_argument('--scale', type=float, nargs=2, default=(0.08, 1.0), help='RandomResizedCrop scale range')
     g.add_argument('--ratio', type=float, nargs=2, default=(3. / 4., 4. / 3.), help='RandomResizedCrop aspect range')
     g.add_argument('--hflip', type=float, default=0.5, help='horizontal flip probability')
+    g.add_argument('--crop-padding', type=non_negative_int, default=0, metavar='PIXELS',
+                   help='replace the random resized crop (--scale, --ratio) by a random crop of the image padded '
+                        'by this many pixels of zeros on every side (0: off)')
     g.add_argument('--no-aug', action='store_true', help='no training augmentation (eval transform)')
     # DeiT's recipe pieces, under timm train.py's names and defaults (timm.data.create_transform applies them)
     g.add_argument('--aa', default=None, help='AutoAugment / RandAugment policy, e.g. rand-m9-mstd0.5-inc1')
@@ -446,7 +449,8 @@ def sync_batchnorm(model, accelerator, log):
 def train_transform_kwargs(args) -> dict:
     """The training augmentation options, as ``timm.data.create_transform`` takes them."""
     kwargs = dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip, auto_augment=args.aa,
-                  color_jitter=args.color_jitter, re_prob=args.reprob, re_mode=args.remode, re_count=args.recount)
+                  color_jitter=args.color_jitter, re_prob=args.reprob, re_mode=args.remode, re_count=args.recount,
+                  crop_padding=args.crop_padding)
     if args.train_interpolation is not None:
         kwargs['interpolation'] = args.train_interpolation
     return kwargs

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from PIL import Image
 from timm.data import create_transform, resolve_data_config
+from timm.data.transforms import RandomResizedCropAndInterpolation, str_to_interp_mode
+from torchvision import transforms
 
 from .errors import DatasetError
 from .sources import DatasetSplits
@@ -83,19 +85,42 @@ def image_mode(config: dict) -> str:
     return 'L' if config['input_size'][0] == 1 else 'RGB'
 
 
+def shift_transform(config: dict, crop_padding: int, **transform_kwargs) -> transforms.Compose:
+    """timm's training transform with its random resized crop replaced by a shift: the image resized to the input
+    size, padded by ``crop_padding`` pixels of zeros on every side and cropped back to the input size at a random
+    place (the padded random crop of the CIFAR and FashionMNIST recipes). timm's flips, colour augmentation,
+    normalisation and random erasing follow as ``create_transform`` gives them."""
+    if not isinstance(crop_padding, int) or crop_padding < 1:
+        raise ValueError(f'crop_padding must be a positive number of pixels, got {crop_padding!r}')
+    primary, secondary, final = create_transform(**{**config, **transform_kwargs}, is_training=True, separate=True)
+    size = tuple(config['input_size'][1:])
+    interpolation = str_to_interp_mode(transform_kwargs.get('interpolation', config['interpolation']))
+    flips = [t for t in primary.transforms if not isinstance(t, RandomResizedCropAndInterpolation)]
+    return transforms.Compose([
+        transforms.Resize(size, interpolation=interpolation),
+        transforms.RandomCrop(size, padding=crop_padding, fill=0),
+        *flips, *secondary.transforms, *final.transforms,
+    ])
+
+
 def create_dataset_transform(
-        model, splits: DatasetSplits, is_training: bool, **transform_kwargs) -> Callable[[dict], dict]:
+        model, splits: DatasetSplits, is_training: bool, crop_padding: int = 0,
+        **transform_kwargs) -> Callable[[dict], dict]:
     """A ``Dataset.with_transform`` function giving ``pixel_values`` and ``label`` for ``model``.
 
     Uses timm's ``resolve_data_config`` / ``create_transform`` with the model's pretrained config
     (input size, interpolation, crop_pct, mean/std); images of any mode are first converted to the model's
     channels (1: grayscale, 3: RGB), so any dataset feeds any model. ``transform_kwargs`` go to
     ``create_transform`` over the config (augmentation such as ``scale``, ``hflip``, ``auto_augment``, or a
-    training ``interpolation``).
+    training ``interpolation``). ``crop_padding`` (training only) replaces the random resized crop by a
+    padded random crop (``shift_transform``).
     """
     config = resolve_model_data_config(model)
     mode = image_mode(config)
-    transform = create_transform(**{**config, **transform_kwargs}, is_training=is_training)
+    if is_training and crop_padding:
+        transform = shift_transform(config, crop_padding, **transform_kwargs)
+    else:
+        transform = create_transform(**{**config, **transform_kwargs}, is_training=is_training)
 
     def apply(batch: dict) -> dict:
         return {

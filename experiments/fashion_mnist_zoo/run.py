@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""The FashionMNIST zoo: the recursive classifiers at their best recipe, beside timm's own small models.
+
+    experiments/fashion_mnist_zoo/run.py [--out runs/fashion_mnist_zoo] [--jobs 2] [--only CELL ...] [--commit]
+
+Trains every cell of ``CELLS`` (a design: model, model arguments, recipe) for each of its seeds with
+``timm-recursive train`` into ``OUT/<cell>/seed<S>`` (one thread per run, ``--jobs`` at once). A stopped run
+resumes from its last saved state (mid-epoch included); a finished run is skipped. As each run finishes, its
+records (``summary.json``, ``metrics.jsonl``, ``args.json``) are copied into ``results/<cell>/seed<S>/`` and, with
+``--commit``, committed at once. The tables are generated from ``results/`` by ``tables.py``
+(``python experiments/render.py``).
+
+The recipe search (cells ``search_*``, one seed each) changes one lever at a time from the recipe of
+``experiments/fashion_mnist_baselines`` (the reference, 3 seeds there): all 60,000 training images, of which 6,000
+(10%, stratified, seed 0) are held out, 10 epochs. A lever is judged by the held-out top-1 of its last epoch only;
+the test images are evaluated by the command but never read by the search.
+"""
+import argparse
+import pathlib
+import sys
+from typing import Dict, List
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository's tools/
+from tools import study_runs  # noqa: E402
+from tools.study_runs import Cell, Study  # noqa: E402
+
+STUDY = pathlib.Path(__file__).resolve().parent
+RESULTS = STUDY / 'results'
+
+# experiments/fashion_mnist_baselines' recipe, the search's starting point
+BASELINE_RECIPE = ['--dataset', 'fashion_mnist', '--batch-size', '128', '--lr', '1e-3', '--weight-decay', '0.05',
+                   '--warmup-epochs', '1', '--clip-grad', '1.0', '--label-smoothing', '0.1', '--scale', '0.75', '1',
+                   '--hflip', '0.5']
+RECIPES: Dict[str, List[str]] = {
+    'search': BASELINE_RECIPE + ['--epochs', '10'],
+}
+
+TINY = 'recursive_dsa_moe_tiny.fashion_mnist'
+STEPS8 = ('num_steps=8',)
+SEARCH = (
+    # the conv encoder, whose one pooled vector is all the recursion reads of the image: twice as wide
+    Cell('search_enc64', TINY, STEPS8 + ('encoder_chans=(64,128,256)',), 'search', seeds=(0,)),
+    # augmentation: random erasing (a quarter of the images lose a random rectangle)
+    Cell('search_reprob', TINY, STEPS8, 'search', seeds=(0,), train_args=('--reprob', '0.25')),
+    # a shift of up to 2 px (zero padding, random crop) instead of the random resized crop
+    Cell('search_crop_pad2', TINY, STEPS8, 'search', seeds=(0,), train_args=('--crop-padding', '2')),
+    # the source's operating point: 16 steps (k=6)
+    Cell('search_steps16', TINY, ('num_steps=16',), 'search', seeds=(0,)),
+    # an exponential moving average of the weights, evaluated and exported instead of them
+    Cell('search_ema', TINY, STEPS8, 'search', seeds=(0,), train_args=('--model-ema', '--model-ema-decay', '0.999')),
+    # no colour jitter (timm's default 0.4 varies brightness and contrast)
+    Cell('search_no_jitter', TINY, STEPS8, 'search', seeds=(0,), train_args=('--color-jitter', '0')),
+    # the transformer's width: 192 (6 heads of 32)
+    Cell('search_d192', TINY, STEPS8 + ('embed_dim=192', 'num_heads=6'), 'search', seeds=(0,)),
+)
+CELLS = {cell.name: cell for cell in SEARCH}
+
+
+def train_command(cell: Cell, seed: int, output: pathlib.Path) -> List[str]:
+    return study_runs.train_command(cell, seed, output, RECIPES[cell.recipe])
+
+
+ZOO = Study('fashion_mnist_zoo', CELLS, train_command, RESULTS)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    study_runs.add_arguments(parser, ZOO, ROOT / 'runs' / 'fashion_mnist_zoo')
+    return study_runs.run_study(ZOO, parser.parse_args(argv))
+
+
+if __name__ == '__main__':
+    sys.exit(main())
