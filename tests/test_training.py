@@ -152,6 +152,22 @@ def test_resume_after_sigterm_reaches_the_uninterrupted_weights(tmp_path, monkey
     assert measured_metrics(resumed) == measured_metrics(full)
 
 
+def test_a_state_resumes_under_tuple_arguments_that_its_json_holds_as_lists(tmp_path):
+    from timm_recursive.runs.checkpoint import TRAINER_STATE, load_state_checked
+
+    class LoadsNothing:
+        def load_state(self, directory):
+            pass
+
+    recorded = {'model_kwargs': {'encoder_chans': [64, 128, 256]}}
+    (tmp_path / TRAINER_STATE).write_text(json.dumps({'run_config': recorded}))
+    same = {'model_kwargs': {'encoder_chans': (64, 128, 256)}}  # as --model-kwargs parses it
+    assert load_state_checked(LoadsNothing(), str(tmp_path), same, ['model_kwargs'])['run_config'] == recorded
+    other = {'model_kwargs': {'encoder_chans': (32, 64, 128)}}
+    with pytest.raises(CheckpointError, match='different run configuration .*encoder_chans'):
+        load_state_checked(LoadsNothing(), str(tmp_path), other, ['model_kwargs'])
+
+
 @pytest.mark.slow
 def test_resume_refuses_corrupt_or_mismatched_states_and_touches_nothing(tmp_path, capsys):
     run = str(tmp_path / 'run')

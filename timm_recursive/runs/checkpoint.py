@@ -163,7 +163,9 @@ def load_state_checked(accelerator, directory: str, run_config: Dict, keys: Sequ
         recorded = state['run_config']
     except (ValueError, KeyError, TypeError) as e:
         raise CorruptStateError(f'{state_file} is corrupt: {e}') from e
-    mismatched = {k: (recorded.get(k), run_config.get(k)) for k in keys if recorded.get(k) != run_config.get(k)}
+    # this run's values as the state's JSON holds them (a tuple, e.g. encoder_chans=(64,128,256), is a list there)
+    current = json.loads(json.dumps({k: run_config.get(k) for k in keys}))
+    mismatched = {k: (recorded.get(k), current[k]) for k in keys if recorded.get(k) != current[k]}
     if mismatched:
         detail = '; '.join(f'{k}: checkpoint {a!r}, this run {b!r}' for k, (a, b) in mismatched.items())
         raise CheckpointError(f'{directory} was saved by a different run configuration ({detail})')
