@@ -331,7 +331,7 @@ def test_summary_probe_measures_the_summary_not_the_readout():
     found = summaries_and_steps(model, test[:1])
     images = test[0]['pixel_values']
     with torch.no_grad():
-        torch.testing.assert_close(torch.from_numpy(found['summary']), model._encode(images))
+        torch.testing.assert_close(torch.from_numpy(found['summary']), model._summarize(model._feature_map(images)))
         assert (found['prediction'] == model.forward_steps(images)[0].argmax(-1).numpy()).all()
     result = summary_probe(model, train, test)
     assert result['train_images'] == 600 and result['eval_images'] == 300 and len(result['step_top1']) == 3
@@ -365,7 +365,7 @@ def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
     other, wrong = torch.roll(torch.arange(4), 1), (labels + 1) % 10
     with torch.no_grad():
         # step by step by hand: step 1 as the model runs it, then step 2 with another image's history
-        summary = model._encode(images).unsqueeze(1) + model.role_embed[0]
+        summary = model._summarize(model._feature_map(images)).unsqueeze(1) + model.role_embed[0]
         y0 = (model.y_init.expand(4, -1) + model.role_embed[1]).unsqueeze(1)
         z0 = model.z_init.expand(4, -1, -1) + model.role_embed[2]
         tokens1, _ = model._transform(torch.cat([summary, y0, z0], 1))

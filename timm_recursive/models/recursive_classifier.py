@@ -232,10 +232,12 @@ class RecursiveClassifier(nn.Module):
         attn_kwargs: further arguments of every block's attention layer (none for this model's layers; a
             subclass's layers take their own, e.g. the spatial model's glimpse selection).
     """
-    # the token layout's indices where TorchScript reads them (it cannot read module-level ints)
+    # the token layout's indices where TorchScript reads them (it cannot read module-level ints): the rows of
+    # role_embed, and the positions of a step's tokens that the logits and the new latent are read from
     summary_role: Final[int] = SUMMARY
     hypothesis_role: Final[int] = HYPOTHESIS
     history_role: Final[int] = HISTORY
+    hypothesis_slot: Final[int] = ROLE_SLOTS['hypothesis'].start
     new_latent_slot: Final[int] = NEW_LATENT_SLOT
 
     def __init__(
@@ -293,7 +295,7 @@ class RecursiveClassifier(nn.Module):
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.output_fmt = 'NHWC'
         self.grad_checkpointing = False
-        self.num_moe_blocks = depth if ffn == 'moe' else 0
+        self.num_moe_blocks = depth if ffn == 'moe' else 0  # the model card's description
 
         # conv encoder: registered first so timm's FeatureListNet can run it as a sequence
         stages = []
@@ -389,13 +391,31 @@ class RecursiveClassifier(nn.Module):
             if module is not None:
                 module.train(self.training)
 
-    def _encode(self, x: torch.Tensor) -> torch.Tensor:
+    # The recursion's hooks, where a model with other step inputs (the spatial model) differs: the encoder's map
+    # the recursion reads (``_feature_map``, ``_stage``), what every step reads besides the hypothesis and the
+    # history (``_step_context``), one step (``_step``) and the context of the images still running
+    # (``_keep_context``). ``_recurse`` and ``forward_adaptive`` run every model's steps through them.
+    def _feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        """The conv encoder's map (B, C, h, w) that the recursion reads."""
         x = check_image_input(x, self.in_chans)
-        return self._summarize(self.stages(x))
+        return self.stages(x)
+
+    def _stage(self, index: int, stage: nn.Module, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Encoder stage ``index``: its output, and the map the recursion would read if it were the last."""
+        x = stage(x)
+        return x, x
 
     def _summarize(self, feature_map: torch.Tensor) -> torch.Tensor:
         """The summary token x_feat (B, d) of the last encoder stage's map."""
         return self.summary_norm(self.proj(feature_map.mean((2, 3))))
+
+    def _step_context(self, feature_map: torch.Tensor) -> torch.Tensor:
+        """What every step reads besides the hypothesis and the history: the summary token with its role (B, 1, d)."""
+        return self._summarize(feature_map).unsqueeze(1) + self.role_embed[self.summary_role]
+
+    def _keep_context(self, context: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The context of the images ``keep`` (their indices in the batch): ``forward_adaptive``'s halted images leave."""
+        return context[keep]
 
     def _hypothesis_embed(self, logits: torch.Tensor, with_grad: bool) -> torch.Tensor:
         """The next step's hypothesis token; ``with_grad``: carry the gradient back into ``logits``.
@@ -426,46 +446,48 @@ class RecursiveClassifier(nn.Module):
         return self.norm(tokens), aux
 
     def _step(
-            self, summary: torch.Tensor, y: torch.Tensor, history: torch.Tensor,
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One recursion step: the transformer over ``[summary; y + role; history + role]``.
+            self, summary: torch.Tensor, y: torch.Tensor, history: torch.Tensor, t: int,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Recursion step ``t`` (counting from 1): the transformer over ``[summary; y + role; history + role]``.
 
-        ``summary`` (B, 1, d) already carries its role embedding; ``y`` is the hypothesis token (B, d),
-        ``history`` the latents (B, t, d). Returns the normalised tokens (B, t + 2, d), the hypothesis-slot
-        output (B, d) that the logits and the halting head read, the new latent z_t (B, 1, d) and the
-        summed MoE auxiliary loss.
+        ``summary`` (B, 1, d), the step context, already carries its role embedding; ``y`` is the hypothesis
+        token (B, d), ``history`` the latents (B, t, d). Returns the normalised tokens (B, t + 2, d), the
+        hypothesis-slot output (B, d) that the logits and the halting head read, the new latent z_t (B, 1, d),
+        the summed MoE auxiliary loss and the context for the next step (the same summary).
         """
         hypothesis = (y + self.role_embed[self.hypothesis_role]).unsqueeze(1)
         tokens, aux = self._transform(
             torch.cat([summary, hypothesis, history + self.role_embed[self.history_role]], dim=1))
-        return tokens, tokens[:, self.hypothesis_role], tokens[:, self.new_latent_slot].unsqueeze(1), aux
+        return tokens, tokens[:, self.hypothesis_slot], tokens[:, self.new_latent_slot].unsqueeze(1), aux, summary
 
     def _recurse(
-            self, x_feat: torch.Tensor, grad_window: int, step_states: Optional[List[torch.Tensor]] = None,
+            self, feature_map: torch.Tensor, grad_window: int, step_states: Optional[List[torch.Tensor]] = None,
     ) -> Tuple[torch.Tensor, List[torch.Tensor], torch.Tensor]:
-        """Run all steps: final tokens (B, T + 2, d), logits of steps 1..T-1, mean MoE auxiliary loss.
+        """Run all steps on the encoder's ``feature_map`` (``_feature_map``): the final step's tokens (B, L, d),
+        the logits of steps 1..T-1 and the auxiliary loss, the mean over the block calls (each may add its MoE's
+        loss, and a spatial block its indexer's).
 
         ``grad_window``: how many of its newest latents each step reads with their gradient (older
         ones are read as values only; ``>= num_steps - 1``: the whole history); with 0 the hypothesis
         is read without its gradient too, else a hard one takes its soft mix's gradient straight through.
         ``step_states``: a list to append every step's hypothesis-slot output (B, d) to (the halting head's input).
         """
-        summary = x_feat.unsqueeze(1) + self.role_embed[self.summary_role]
-        B = summary.shape[0]
+        context = self._step_context(feature_map)
+        B = feature_map.shape[0]
         y = self.y_init.expand(B, -1)
         latents: List[torch.Tensor] = [self.z_init.expand(B, -1, -1)]
         step_logits: List[torch.Tensor] = []
-        aux = summary.new_zeros(())
-        tokens = summary
-        for t in range(self.num_steps):
-            tokens, state, latent, step_aux = self._step(summary, y, torch.cat(latents, dim=1))
+        aux = feature_map.new_zeros(())
+        tokens = feature_map
+        for t in range(1, self.num_steps + 1):
+            tokens, state, latent, step_aux, context = self._step(context, y, torch.cat(latents, dim=1), t)
             aux = aux + step_aux
             if step_states is not None:
                 step_states.append(state)
-            if t == self.num_steps - 1:
+            if t == self.num_steps:
                 break
             y = self._carry(latents, latent, state, y, step_logits, grad_window)
-        return tokens, step_logits, aux / max(1, self.num_moe_blocks * self.num_steps)
+        return tokens, step_logits, aux / (len(self.blocks) * self.num_steps)
 
     def _carry(
             self, latents: List[torch.Tensor], latent: torch.Tensor, state: torch.Tensor, y: torch.Tensor,
@@ -486,8 +508,9 @@ class RecursiveClassifier(nn.Module):
         return y
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Final step's normalised tokens, NHWC (B, 1, num_steps + 2, embed_dim)."""
-        return self._recurse(self._encode(x), self.num_steps)[0].unsqueeze(1)
+        """Final step's normalised tokens, NHWC (B, 1, L, embed_dim): here L = num_steps + 2 (summary, hypothesis,
+        history); the hypothesis is at ``hypothesis_slot``."""
+        return self._recurse(self._feature_map(x), self.num_steps)[0].unsqueeze(1)
 
     def forward_intermediates(
             self,
@@ -513,17 +536,18 @@ class RecursiveClassifier(nn.Module):
         x = check_image_input(x, self.in_chans)
         last_stage = max_index if intermediates_only and stop_early else len(self.stages) - 1
         intermediates = []
+        feature_map = x
         for i, stage in enumerate(self.stages[:last_stage + 1]):
-            x = stage(x)
+            x, feature_map = self._stage(i, stage, x)
             if i in take_indices:
                 intermediates.append(x)
         if intermediates_only:
             return intermediates
-        return self._recurse(self._summarize(x), self.num_steps)[0].unsqueeze(1), intermediates
+        return self._recurse(feature_map, self.num_steps)[0].unsqueeze(1), intermediates
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         if self.global_pool == 'token':
-            x = x[:, 0, self.hypothesis_role]
+            x = x[:, 0, self.hypothesis_slot]
         elif self.global_pool == 'avg':
             x = x.mean(dim=(1, 2))
         x = self.head_drop(x)
@@ -539,7 +563,7 @@ class RecursiveClassifier(nn.Module):
             deep supervision (a loss on every step) and per-step accuracy.
         """
         self._check_readout('forward_steps')
-        tokens, step_logits, aux = self._recurse(self._encode(x), self.grad_window)
+        tokens, step_logits, aux = self._recurse(self._feature_map(x), self.grad_window)
         step_logits.append(self.forward_head(tokens.unsqueeze(1)))
         return torch.stack(step_logits), aux
 
@@ -556,7 +580,7 @@ class RecursiveClassifier(nn.Module):
             raise RuntimeError('forward_steps_halting needs a model built with halting_head=True')
         self._check_readout('forward_steps_halting')
         states: List[torch.Tensor] = []
-        tokens, step_logits, aux = self._recurse(self._encode(x), self.grad_window, step_states=states)
+        tokens, step_logits, aux = self._recurse(self._feature_map(x), self.grad_window, step_states=states)
         step_logits.append(self.forward_head(tokens.unsqueeze(1)))
         return torch.stack(step_logits), self.halting_head(torch.stack(states)), aux
 
@@ -622,7 +646,7 @@ class RecursiveClassifier(nn.Module):
             smaller batch), and its steps (B,), int64.
         """
         max_steps = self.check_adaptive_arguments(criterion, threshold, max_steps)
-        context = self._adaptive_context(x)
+        context = self._step_context(self._feature_map(x))
         B = x.shape[0]
         y = self.y_init.expand(B, -1)
         history = self.z_init.expand(B, -1, -1)
@@ -633,7 +657,7 @@ class RecursiveClassifier(nn.Module):
         # prod_{j<=t} (1 - halting probability) ('halting')
         running = torch.ones(B, dtype=torch.float32, device=x.device)
         for t in range(1, max_steps + 1):
-            tokens, state, latent, context = self._adaptive_step(context, y, history, t)
+            tokens, state, latent, _, context = self._step(context, y, history, t)
             if t == self.num_steps:
                 logits = self.forward_head(tokens.unsqueeze(1))
             else:
@@ -663,7 +687,7 @@ class RecursiveClassifier(nn.Module):
                 steps[active[done]] = t
                 if len(keep) == 0:
                     break
-                context = self._adaptive_keep(context, keep)
+                context = self._keep_context(context, keep)
                 active, history, latent, logits = active[keep], history[keep], latent[keep], logits[keep]
                 y, running = y[keep], running[keep]
                 previous = None if previous is None else previous[keep]
@@ -671,20 +695,6 @@ class RecursiveClassifier(nn.Module):
             y = self._hypothesis_embed(logits, with_grad=False)
         assert out is not None
         return out, steps
-
-    # forward_adaptive's three points where the model's own step inputs enter (subclasses with other step
-    # inputs override them): what every step reads besides the hypothesis and the history (here the summary
-    # token), one step t (counting from 1) returning that context for the next step, and the context of
-    # the images still running (``keep``: their indices in the current batch)
-    def _adaptive_context(self, x: torch.Tensor):
-        return self._encode(x).unsqueeze(1) + self.role_embed[self.summary_role]
-
-    def _adaptive_step(self, context, y: torch.Tensor, history: torch.Tensor, t: int):
-        tokens, state, latent, _ = self._step(context, y, history)
-        return tokens, state, latent, context
-
-    def _adaptive_keep(self, context, keep: torch.Tensor):
-        return context[keep]
 
     @torch.jit.unused
     def _forward_early_exit(self, x: torch.Tensor) -> torch.Tensor:

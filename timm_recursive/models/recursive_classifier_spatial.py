@@ -1,8 +1,8 @@
 """Spatial recursive classifier: every recursion step reads the image anew through (sparse) attention.
 
 In the pooled recursive classifier (``recursive_classifier.py``) the conv encoder pools the image
-into one summary token that every step sees whole; step 1 can then answer as well as step 16, and
-measured per-step accuracies are flat (issue 35). Here the image stays a map of tokens that the
+into one summary token that every step sees whole, so step 1 can answer as well as the last step.
+Here the image stays a map of tokens that the
 steps read through attention, so what a step learns about the image is what it chose to read:
 
 * **Image memory.** The conv encoder's map before its last max-pool (``memory_stride=4``: 7 x 7 = 49
@@ -58,9 +58,9 @@ memory keys and values, which are not recomputed.
 error naming the sizes unless ``dynamic_img_size=True`` (the embedding is resampled with timm's
 ``resample_abs_pos_embed`` at every forward) or after ``set_input_size`` (resampled once).
 
-What training it measured (the steps refine as far as each reads new regions, at a cost in accuracy against
-the pooled model; the learned indexer rereads the same few regions, so random glimpses refine more; dense
-attention over the memory after the max-pool matches the pooled model): ``experiments/spatial_recursion``.
+The recursion loop, ``forward_adaptive``, ``forward_head`` and ``forward_intermediates`` are the pooled model's;
+this model supplies its own step inputs through the loop's hooks (``_feature_map``, ``_stage``, ``_step_context``,
+``_step``, ``_keep_context``). Measurements of these designs: ``experiments/spatial_recursion``.
 """
 from typing import Final, List, Optional, Tuple, Union
 
@@ -68,7 +68,6 @@ import torch
 from torch import nn
 from timm.layers import register_notrace_function, resample_abs_pos_embed, to_2tuple, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 
 from timm_recursive.layers import MemoryAttention, MemorySparseAttention
@@ -301,16 +300,26 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
         self.img_size = list(img_size)
         self.memory_grid = list(grid)
 
-    # the image memory ---------------------------------------------------------------------------
-    def _memory_map(self, x: torch.Tensor) -> torch.Tensor:
+    # the image memory: the recursion's feature map and step context ----------------------------------
+    def _last_stage(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The last encoder stage: its pooled output, and the map the memory is read from (before or after the
+        pool): conv, BN and ReLU run at full resolution, then the max-pool."""
+        stage = self.stages[-1]
+        x = stage[2](stage[1](stage[0](x)))
+        pooled = stage[3](x)
+        return pooled, pooled if self.memory_pooled else x
+
+    def _feature_map(self, x: torch.Tensor) -> torch.Tensor:
         """The encoder's map the memory is read from: the last stage before its max-pool, or after it."""
+        x = check_image_input(x, self.in_chans)
         last = len(self.stages) - 1
         for i, stage in enumerate(self.stages):
             if i < last:
                 x = stage(x)
-        stage = self.stages[-1]
-        x = stage[2](stage[1](stage[0](x)))  # conv, BN, ReLU at full resolution
-        return stage[3](x) if self.memory_pooled else x
+        return self._last_stage(x)[1]
+
+    def _stage(self, index: int, stage: nn.Module, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self._last_stage(x) if index == len(self.stages) - 1 else super()._stage(index, stage, x)
 
     def _embed_memory(self, feature_map: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Image tokens (B, N, d) with their positions, and the summary token (B, 1, d) with its role if kept."""
@@ -322,43 +331,47 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             self.pos_embed, feature_map, self.memory_grid, self.img_size, self.dynamic_img_size)
         return self.summary_norm(tokens) + pos, summary
 
-    def _encode(self, x: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The image memory (B, N, d) and the summary token (B, 1, d) if kept."""
-        x = check_image_input(x, self.in_chans)
-        return self._embed_memory(self._memory_map(x))
-
-    def _memory(self, image: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-        """Every block's keys and values of the image tokens: computed once per forward, read by every step."""
-        return [blk.memory_kv(image) for blk in self.blocks]
-
-    def _initial_seen(self, image: torch.Tensor) -> List[Optional[torch.Tensor]]:
-        """Per block, the image tokens earlier glimpses selected (B, N), all False; None without ``mask_seen``."""
+    def _step_context(
+            self, feature_map: torch.Tensor,
+    ) -> Tuple[List[Tuple[torch.Tensor, torch.Tensor]], Optional[torch.Tensor], List[Optional[torch.Tensor]]]:
+        """What every step reads besides the hypothesis and the history: every block's keys and values of the
+        image tokens (computed once per forward), the summary token if kept, and per block the image tokens
+        earlier glimpses selected (B, N), all False (None without ``mask_seen``)."""
+        image, summary = self._embed_memory(feature_map)
+        memory = [blk.memory_kv(image) for blk in self.blocks]
         seen: List[Optional[torch.Tensor]] = []
         for _ in range(len(self.blocks)):
             if self.mask_seen:
                 seen.append(torch.zeros(image.shape[0], image.shape[1], dtype=torch.bool, device=image.device))
             else:
                 seen.append(None)
-        return seen
+        return memory, summary, seen
+
+    def _keep_context(
+            self,
+            context: Tuple[List[Tuple[torch.Tensor, torch.Tensor]], Optional[torch.Tensor], List[Optional[torch.Tensor]]],
+            keep: torch.Tensor,
+    ) -> Tuple[List[Tuple[torch.Tensor, torch.Tensor]], Optional[torch.Tensor], List[Optional[torch.Tensor]]]:
+        memory, summary, seen = context
+        return ([(k[keep], v[keep]) for k, v in memory], None if summary is None else summary[keep],
+                [None if s is None else s[keep] for s in seen])
 
     # the recursion ------------------------------------------------------------------------------
-    def _spatial_step(
+    def _step(
             self,
-            memory: List[Tuple[torch.Tensor, torch.Tensor]],
-            summary: Optional[torch.Tensor],
+            context: Tuple[List[Tuple[torch.Tensor, torch.Tensor]], Optional[torch.Tensor], List[Optional[torch.Tensor]]],
             y: torch.Tensor,
             history: torch.Tensor,
             t: int,
-            seen: List[Optional[torch.Tensor]],
-            glimpses: Optional[List[torch.Tensor]] = None,
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, List[Optional[torch.Tensor]]]:
-        """Step ``t`` (counting from 0): the blocks over ``[summary?; y + role + step; history + role]`` reading
-        ``memory``. Returns the normalised step tokens, the hypothesis-slot output, the new latent (B, 1, d),
-        the summed MoE auxiliary loss and the updated glimpse masks; appends each block's key positions of the
-        hypothesis query (B, k) to ``glimpses`` when given."""
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+               Tuple[List[Tuple[torch.Tensor, torch.Tensor]], Optional[torch.Tensor], List[Optional[torch.Tensor]]]]:
+        """Step ``t`` (counting from 1): the blocks over ``[summary?; y + role + step; history + role]`` reading the
+        memory of ``context``. Returns the normalised step tokens, the hypothesis-slot output, the new latent
+        (B, 1, d), the summed auxiliary loss and the context with the glimpse masks updated."""
+        memory, summary, seen = context
         hypothesis = y + self.role_embed[self.hypothesis_role]
         if self.step_embed is not None:
-            hypothesis = hypothesis + self.step_embed[t]
+            hypothesis = hypothesis + self.step_embed[t - 1]
         parts = [hypothesis.unsqueeze(1), history + self.role_embed[self.history_role]]
         if summary is not None:
             parts.insert(0, summary)
@@ -372,46 +385,14 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             else:
                 tokens, blk_aux, keys = blk(tokens, memory[i], mask)
             aux = aux + blk_aux
-            if glimpses is not None:
-                glimpses.append(keys[:, self.hypothesis_slot])
             if mask is not None:  # the hypothesis query's image tokens join what later steps may not select
                 glimpse = keys[:, self.hypothesis_slot].clamp(max=mask.shape[1])
                 hit = torch.zeros(mask.shape[0], mask.shape[1] + 1, dtype=torch.bool, device=mask.device)
                 mask = mask | hit.scatter(1, glimpse, True)[:, :mask.shape[1]]
             new_seen.append(mask)
         tokens = self.norm(tokens)
-        return tokens, tokens[:, self.hypothesis_slot], tokens[:, self.new_latent_slot].unsqueeze(1), aux, new_seen
-
-    def _recurse(
-            self,
-            encoded: Tuple[torch.Tensor, Optional[torch.Tensor]],
-            grad_window: int,
-            step_states: Optional[List[torch.Tensor]] = None,
-            glimpses: Optional[List[torch.Tensor]] = None,
-    ) -> Tuple[torch.Tensor, List[torch.Tensor], torch.Tensor]:
-        """Run all steps on ``_encode``'s output: final step tokens (B, T + 1 [+ 1], d), logits of steps
-        1..T-1, the auxiliary loss (mean over block calls); ``grad_window`` and ``step_states`` as in ``RecursiveClassifier``,
-        ``glimpses`` as in ``_spatial_step``."""
-        image, summary = encoded
-        memory = self._memory(image)
-        seen = self._initial_seen(image)
-        B = image.shape[0]
-        y = self.y_init.expand(B, -1)
-        latents: List[torch.Tensor] = [self.z_init.expand(B, -1, -1)]
-        step_logits: List[torch.Tensor] = []
-        aux = image.new_zeros(())
-        tokens = image
-        for t in range(self.num_steps):
-            tokens, state, latent, step_aux, seen = self._spatial_step(
-                memory, summary, y, torch.cat(latents, dim=1), t, seen, glimpses)
-            aux = aux + step_aux
-            if step_states is not None:
-                step_states.append(state)
-            if t == self.num_steps - 1:
-                break
-            y = self._carry(latents, latent, state, y, step_logits, grad_window)
-        # every block call may add to it (its MoE, its indexer loss): the mean over the calls
-        return tokens, step_logits, aux / (len(self.blocks) * self.num_steps)
+        return (tokens, tokens[:, self.hypothesis_slot], tokens[:, self.new_latent_slot].unsqueeze(1), aux,
+                (memory, summary, new_seen))
 
     @torch.jit.ignore
     @torch.no_grad()
@@ -423,72 +404,20 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
             raise ValueError('glimpses are the keys Dynamic Sparse Attention selects; this model\'s dense attention '
                              'reads every image token at every step')
         positions: List[torch.Tensor] = []
-        image, summary = self._encode(x)
-        self._recurse((image, summary), 0, glimpses=positions)
-        num_tokens = image.shape[1]
+
+        def record(block, inputs, outputs):  # every block call, in step order: its hypothesis query's keys
+            positions.append(outputs[2][:, self.hypothesis_slot])
+
+        feature_map = self._feature_map(x)
+        hooks = [blk.register_forward_hook(record) for blk in self.blocks]
+        try:
+            self._recurse(feature_map, 0)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        num_tokens = feature_map.shape[-2] * feature_map.shape[-1]
         selected = torch.stack(positions).view(self.num_steps, len(self.blocks), x.shape[0], -1)
         return selected.masked_fill(selected >= num_tokens, -1)
-
-    # forward_adaptive's context: the memory's keys and values, the summary and the glimpse masks
-    def _adaptive_context(self, x: torch.Tensor):
-        image, summary = self._encode(x)
-        return self._memory(image), summary, self._initial_seen(image)
-
-    def _adaptive_step(self, context, y: torch.Tensor, history: torch.Tensor, t: int):
-        memory, summary, seen = context
-        tokens, state, latent, _, seen = self._spatial_step(memory, summary, y, history, t - 1, seen)
-        return tokens, state, latent, (memory, summary, seen)
-
-    def _adaptive_keep(self, context, keep: torch.Tensor):
-        memory, summary, seen = context
-        return ([(k[keep], v[keep]) for k, v in memory], None if summary is None else summary[keep],
-                [None if s is None else s[keep] for s in seen])
-
-    def forward_intermediates(
-            self,
-            x: torch.Tensor,
-            indices: Optional[Union[int, List[int]]] = None,
-            norm: bool = False,
-            stop_early: bool = False,
-            output_fmt: str = 'NCHW',
-            intermediates_only: bool = False,
-    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
-        """The conv encoder's (pooled) stage maps (the ``feature_info`` levels, NCHW) and ``forward_features``' output.
-
-        Args as ``RecursiveClassifier.forward_intermediates``; the image memory is read from the last
-        stage's map before its pool (``memory_stride=4``) or after it.
-        """
-        if output_fmt != 'NCHW':
-            raise ValueError(f"output_fmt must be 'NCHW' (encoder stage maps), got {output_fmt!r}")
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        x = check_image_input(x, self.in_chans)
-        last = len(self.stages) - 1
-        last_stage = max_index if intermediates_only and stop_early else last
-        intermediates = []
-        memory_map = x
-        for i, stage in enumerate(self.stages[:last_stage + 1]):
-            if i == last:  # the memory's map and the stage's pooled output (the same with memory_stride=8)
-                x = stage[2](stage[1](stage[0](x)))
-                memory_map = x
-                x = stage[3](x)
-                if self.memory_pooled:
-                    memory_map = x
-            else:
-                x = stage(x)
-            if i in take_indices:
-                intermediates.append(x)
-        if intermediates_only:
-            return intermediates
-        final = self._recurse(self._embed_memory(memory_map), self.num_steps)[0].unsqueeze(1)
-        return final, intermediates
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        if self.global_pool == 'token':
-            x = x[:, 0, self.hypothesis_slot]
-        elif self.global_pool == 'avg':
-            x = x.mean(dim=(1, 2))
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
 
 
 def _create_spatial(variant: str, pretrained: bool = False, **kwargs) -> SpatialRecursiveClassifier:
