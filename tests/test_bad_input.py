@@ -161,8 +161,9 @@ def test_a_dataset_object_resolves_like_a_name():
 
 def test_a_single_split_dataset_object_holds_out_an_evaluation_split():
     digits = resolve_dataset('digits')
-    held_out = resolve_dataset(digits.train, holdout_eval_fraction=0.25)
+    held_out = resolve_dataset(digits.train, eval_fraction=0.25)
     assert len(held_out.train) + len(held_out.eval) == len(digits.train)
+    assert (held_out.eval_split, held_out.eval_fraction) == ('heldout', 0.25) and digits.eval_fraction == 0
 
 
 @pytest.mark.parametrize('which,message', [('train split alone', "only a 'train' split"), ('an int', 'not int')])

@@ -82,19 +82,23 @@ def _tiny_run_on(data):
     return base
 
 
-def test_a_flat_class_folder_without_val_fraction_is_refused(tmp_path, capsys):
+def test_a_flat_class_folder_without_eval_fraction_is_refused(tmp_path, capsys):
     base = _tiny_run_on(_class_folders(tmp_path / 'data'))
-    assert train_script.main(base + ['--epochs', '1', '--val-fraction', '0', '--output', str(tmp_path / 'no_eval')]) == 2
-    assert 'only a \'train\' split' in capsys.readouterr().err
+    assert train_script.main(base + ['--epochs', '1', '--eval-fraction', '0', '--output', str(tmp_path / 'no_eval')]) == 2
+    assert 'only a \'train\' split: name an eval split (--eval-split), or hold out' in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_a_flat_class_folder_trains_with_val_fraction_alone(tmp_path):
-    base = _tiny_run_on(_class_folders(tmp_path / 'data'))
+def test_a_flat_class_folder_holds_out_its_eval_and_selection_images_by_two_options(tmp_path):
+    base = _tiny_run_on(_class_folders(tmp_path / 'data', per_class=10))
     run = tmp_path / 'run'
-    assert train_script.main(base + ['--epochs', '1', '--val-fraction', '0.25', '--output', str(run)]) == 0
+    assert train_script.main(base + ['--epochs', '1', '--eval-fraction', '0.2', '--val-fraction', '0.25',
+                                     '--output', str(run)]) == 0
     summary = json.loads((run / 'summary.json').read_text())
-    assert summary['eval_images'] == 3 and summary['train_images'] == 6  # of 12: 3 held out to evaluate, 3 to select
+    # of 20: 4 held out to evaluate (--eval-fraction), then 4 of the other 16 to select (--val-fraction), 12 trained
+    assert (summary['eval_images'], summary['selection_images'], summary['train_images']) == (4, 4, 12)
+    assert (summary['eval_split'], summary['eval_fraction'], summary['selection_split']) == (
+        'heldout', 0.2, 'train holdout 25%')
 
 
 @pytest.mark.parametrize('name,argv', [
@@ -225,13 +229,18 @@ def test_the_committed_deit_recipe_is_the_documented_fine_tuning_command():
 
 
 def test_the_train_transform_applies_the_augmentation_flags():
-    import timm
     from timm_recursive.cli.train import train_transform_kwargs
-    args = train_script.parse_args(['--aa', 'rand-m9-mstd0.5-inc1', '--reprob', '0.25'])
-    kwargs = train_transform_kwargs(args)
-    transform = timm.data.create_transform(input_size=(3, 32, 32), is_training=True, **kwargs)
-    names = [type(t).__name__ for t in transform.transforms]
-    assert 'RandAugment' in names and 'RandomErasing' in names
+    from timm_recursive.data.transforms import create_image_transform
+    config = dict(input_size=(3, 32, 32), interpolation='bilinear', mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=1.)
+
+    def transform_names(argv):
+        transform = create_image_transform(config, True, **train_transform_kwargs(train_script.parse_args(argv)))
+        return [type(t).__name__ for t in transform.transforms]
+
+    names = transform_names(['--aa', 'rand-m9-mstd0.5-inc1', '--reprob', '0.25'])
+    assert 'RandAugment' in names and 'RandomErasing' in names and 'RandomResizedCropAndInterpolation' in names
+    names = transform_names(['--crop-padding', '2', '--reprob', '0.25'])
+    assert 'RandomCrop' in names and 'RandomErasing' in names and 'RandomResizedCropAndInterpolation' not in names
 
 
 @pytest.mark.slow

@@ -46,12 +46,12 @@ import torch
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.timing import inference_speed
 from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget
+from timm_recursive.analysis.images import labelled_batches
 from timm_recursive.analysis.intervals import pack_hits
 from timm_recursive.data import (
-    collate_classification,
     create_dataset_transform,
-    hold_out,
     resolve_dataset,
+    selection_images,
 )
 from timm_recursive.layers import FUSION_MODES, IMPORTANCE_SCORES, num_kept
 from timm_recursive.runs import (
@@ -104,14 +104,10 @@ def image_batches(model, batch_size: int = 250) -> Dict[str, List[Dict[str, torc
     """``selection`` (the first held-out training images) and ``test`` (the first test images), transformed
     once for ``model`` (no augmentation), as loader batches."""
     splits = resolve_dataset('fashion_mnist')
-    held_out = hold_out(splits.train, 0.1, splits.label_column)[1]
+    held_out = selection_images(splits, max_images=SELECTION_IMAGES)[1]
     transform = create_dataset_transform(model, splits, False)
-    batches = {}
-    for name, images, count in (('selection', held_out, SELECTION_IMAGES), ('test', splits.eval, TEST_IMAGES)):
-        subset = images.select(range(count)).with_transform(transform)
-        samples = [subset[i] for i in range(len(subset))]
-        batches[name] = [collate_classification(samples[i:i + batch_size]) for i in range(0, len(samples), batch_size)]
-    return batches
+    return {name: labelled_batches(images, transform, count, batch_size)
+            for name, images, count in (('selection', held_out, SELECTION_IMAGES), ('test', splits.eval, TEST_IMAGES))}
 
 
 def fused_model(run_dir: str, **fusion):

@@ -87,7 +87,7 @@ def main(argv=None) -> int:
         unit_interval_or_zero,
     )
     from timm_recursive.cli.common import print_measurement
-    from timm_recursive.data import create_dataset_transform, hold_out
+    from timm_recursive.data import SELECTION_FRACTION, create_dataset_transform, selection_images
     from timm_recursive.models.recursive_classifier import HALTING_CRITERIA
 
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     p.add_argument('--thresholds', type=halting_threshold, nargs='+', required=True, help='halting thresholds in (0, 1]')
     p.add_argument('--batch-size', type=positive_int, default=500)
     p.add_argument('--timing-images', type=positive_int, default=1000, help='first evaluation images timed')
-    p.add_argument('--val-fraction', type=unit_interval_or_zero, default=0.1,
+    p.add_argument('--val-fraction', type=unit_interval_or_zero, default=SELECTION_FRACTION,
                    help='the share of the training split the run held out (timm-recursive train\'s --val-fraction, '
                         'stratified, seed 0): the cheapest threshold that matches the full recursion is chosen on '
                         'its first --selection-samples images; 0: on the evaluation images themselves')
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         timing = labelled_batches(splits.eval, transform, args.timing_images, args.batch_size)
         selection = None
         if args.val_fraction > 0:
-            held_out = hold_out(splits.train, args.val_fraction, splits.label_column)[1]
+            held_out = selection_images(splits, args.val_fraction, args.selection_samples)[1]
             selection = labelled_batches(held_out, transform, args.selection_samples, args.batch_size)
         result = halting_study(model, batches, args.criterion, args.thresholds, timing, args.repeats, selection)
         result['wall_s'] = round(time.perf_counter() - started, 1)

@@ -251,6 +251,10 @@ def add_data_arguments(parser, default: Optional[str] = 'digits', required: bool
     parser.add_argument('--train-split', default=None)
     parser.add_argument('--eval-split', '--val-split', '--split', dest='eval_split', default=None,
                         help='the split evaluated (default: test, validation, ... whichever the dataset has)')
+    parser.add_argument('--eval-fraction', type=unit_interval_or_zero, default=0.1,
+                        help='a dataset with a train split only: hold out this fraction of it (stratified, seed 0) '
+                             'as the eval split (0: refuse such a dataset); training then holds out its selection '
+                             'images (--val-fraction) from the rest'),
 
 
 def default_dataset(args) -> None:
@@ -266,6 +270,7 @@ def dataset_from_arguments(args, **kwargs) -> DatasetSplits:
     message that says what was expected, rather than the datasets library's."""
     check_dataset_folder(args.dataset, args.data_dir)
     options = dict(image_column=args.image_column, label_column=args.label_column, train_split=args.train_split,
-                   eval_split=args.eval_split, data_dir=args.data_dir, dataset_config=args.dataset_config,
+                   eval_split=args.eval_split, eval_fraction=args.eval_fraction, data_dir=args.data_dir,
+                   dataset_config=args.dataset_config,
                    download=args.dataset_download, class_map=args.class_map)
     return resolve_dataset(args.dataset, **{**options, **kwargs})

@@ -67,8 +67,9 @@ from timm_recursive.data import (
     RepeatAugBatches,
     collate_classification,
     create_dataset_transform,
-    hold_out,
+    SELECTION_FRACTION,
     resolve_model_data_config,
+    selection_images,
 )
 from timm_recursive.layers import TokenFusionObjective, act_loss, ponder_net_loss
 from timm_recursive.runs import (
@@ -163,7 +164,7 @@ def parse_args(argv=None):
     g = p.add_argument_group('data')
     add_data_arguments(g, default=None, dataset_help=DATASET_HELP + ' (default: the folder of --data-dir when '
                                                                     'given, else digits)')
-    g.add_argument('--val-fraction', type=float, default=0.1,
+    g.add_argument('--val-fraction', type=float, default=SELECTION_FRACTION,
                    help='hold out this fraction of the train split (stratified, seed 0) to select the exported '
                         'epoch; 0: select it on the eval split itself (the test split: optimistic figures)')
     g.add_argument('--max-selection-samples', type=positive_int, default=None,
@@ -470,16 +471,14 @@ def tracker_values(values: dict) -> dict:
 
 
 def load_splits(args):
-    splits = dataset_from_arguments(args, num_classes=args.num_classes, holdout_eval_fraction=args.val_fraction,
+    splits = dataset_from_arguments(args, num_classes=args.num_classes,
                                     streamed_rows=(args.max_train_samples, args.max_eval_samples))
     selection = None
     if args.val_fraction > 0:
-        splits.train, selection = hold_out(splits.train, args.val_fraction, splits.label_column)
-        if len(selection) == 0:
-            raise DatasetError(f'--val-fraction {args.val_fraction:g} of {len(splits.train)} training images holds out '
-                               'none: raise it, or select on the eval split with --val-fraction 0')
-        if args.max_selection_samples:
-            selection = selection.select(range(min(args.max_selection_samples, len(selection))))
+        try:
+            splits.train, selection = selection_images(splits, args.val_fraction, args.max_selection_samples)
+        except DatasetError as e:
+            raise DatasetError(f'--val-fraction: {e}, or select on the eval split with --val-fraction 0') from None
     if args.max_train_samples:
         splits.train = splits.train.select(range(min(args.max_train_samples, len(splits.train))))
     if args.max_eval_samples:
@@ -718,7 +717,8 @@ def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
         'model': args.model, 'model_kwargs': run_config['model_kwargs'], 'dataset': args.dataset, 'seed': seed,
         'num_processes': accelerator.num_processes, 'mixed_precision': args.mixed_precision,
         'train_images': len(train_ds), 'selection_images': len(select_ds) if select_ds is not None else 0,
-        'eval_images': len(eval_ds), 'eval_split': splits.eval_split, 'class_names': label_names,
+        'eval_images': len(eval_ds), 'eval_split': splits.eval_split, 'eval_fraction': splits.eval_fraction,
+        'class_names': label_names,
         'dataset_source': splits.source, 'num_classes': num_classes, 'num_steps': num_steps,
         'epochs': loop.epochs, 'final': final, 'best': best, 'export_dir': export_dir,
         'selection_split': selection_split(args.val_fraction, splits.eval_split), 'eval_metric': args.eval_metric,

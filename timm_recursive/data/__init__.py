@@ -53,11 +53,13 @@ from .sources import (
     LABEL_COLUMNS,
     TIMM_PREFIXES,
     UNSUPPORTED_TIMM_PREFIXES,
+    SELECTION_FRACTION,
     DatasetSplits,
     hold_out,
     load_class_map,
     load_dataset_dict,
     resolve_dataset,
+    selection_images,
     split_dataset_prefix,
 )
 from .transforms import (
@@ -71,7 +73,8 @@ from .transforms import (
 
 __all__ = [
     'DATASET_ALIASES', 'IDX_DIRS', 'DatasetSplits', 'DatasetError', 'resolve_dataset', 'read_idx',
-    'create_dataset_transform', 'collate_classification', 'hold_out', 'load_dataset_dict', 'resolve_model_data_config',
+    'create_dataset_transform', 'collate_classification', 'hold_out', 'SELECTION_FRACTION', 'selection_images',
+    'load_dataset_dict', 'resolve_model_data_config',
     'image_mode', 'to_pil',
     'SegmentationSplits', 'resolve_segmentation_dataset', 'to_mask_array', 'split_dataset_prefix', 'load_class_map',
     'RepeatAugBatches', 'TORCHVISION_SEGMENTATION', 'cityscapes_train_ids', 'DepthSplits', 'resolve_depth_dataset',

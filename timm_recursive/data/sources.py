@@ -50,6 +50,7 @@ class DatasetSplits:
     source: str = ''
     notes: List[str] = field(default_factory=list)
     eval_split: str = 'eval'  # the name of the split ``eval`` is (``test``, ``validation``, ``heldout``, ...)
+    eval_fraction: float = 0.  # the share of the train split held out as ``eval`` (a dataset with no eval split)
 
 
 def _load_digits():
@@ -262,7 +263,7 @@ def resolve_dataset(
         train_split: Optional[str] = None,
         eval_split: Optional[str] = None,
         num_classes: Optional[int] = None,
-        holdout_eval_fraction: float = 0.,
+        eval_fraction: float = 0.,
         data_dir: Optional[str] = None,
         dataset_config: Optional[str] = None,
         download: bool = False,
@@ -275,7 +276,7 @@ def resolve_dataset(
     Columns and splits are detected (``img``/``image``, ``label``/``fine_label``; ``train`` and
     ``test``/``validation``) unless given. ``num_classes``, when given, must cover every label.
     A dataset with a train split only (e.g. a flat folder of class folders) gets its eval split
-    from ``holdout_eval_fraction`` of the train split (stratified, seed 0) when that is > 0.
+    from ``eval_fraction`` of the train split (``hold_out``: stratified, seed 0) when that is > 0.
     ``data_dir``, ``dataset_config`` and ``download`` are ``load_dataset_dict``'s; ``class_map`` is timm's
     class map file (``load_class_map``): only the rows of its classes are kept, labelled with its indices.
     ``streamed_rows`` are the rows read of a streamed (``hfids/``) train and eval split.
@@ -290,12 +291,14 @@ def resolve_dataset(
     image = _pick(columns, image_column, IMAGE_COLUMNS, 'image column', f' in split {train!r}')
     label = _pick(columns, label_column, LABEL_COLUMNS, 'label column', f' in split {train!r}')
     if eval_split is None and set(dd) == {train}:
-        if holdout_eval_fraction <= 0:
-            raise DatasetError(f'{source} has only a {train!r} split: name an eval split, or hold out a fraction '
-                               'of the train split as one (train.py --val-fraction)')
-        dd = dict(zip((train, 'heldout'), hold_out(dd[train], holdout_eval_fraction, label)))
-        notes = [*notes, f'{source} has only a {train!r} split: {holdout_eval_fraction:g} of it (stratified, '
-                         f'seed 0) is held out as the eval split']
+        if eval_fraction <= 0:
+            raise DatasetError(f'{source} has only a {train!r} split: name an eval split (--eval-split), or hold '
+                               'out a fraction of the train split as one (--eval-fraction)')
+        dd = dict(zip((train, 'heldout'), hold_out(dd[train], eval_fraction, label)))
+        notes = [*notes, f'{source} has only a {train!r} split: {eval_fraction:g} of it ({len(dd["heldout"])} '
+                         f'images, stratified, seed 0) is held out as the eval split']
+    else:
+        eval_fraction = 0.
     evaluation = _pick(list(dd), eval_split, ('test', 'validation', 'valid', 'val', 'heldout'), 'eval split')
     if isinstance(dd[evaluation], datasets.IterableDataset):
         dd[evaluation] = _read_stream(dd[evaluation], streamed_rows[1], evaluation, source)
@@ -324,7 +327,26 @@ def resolve_dataset(
                                f'outside 0..{num_classes - 1} (num_classes={num_classes})')
     return DatasetSplits(
         train=dd[train], eval=dd[evaluation], image_column=image, label_column=label, num_classes=num_classes,
-        class_names=class_names, source=source, notes=notes, eval_split=evaluation)
+        class_names=class_names, source=source, notes=notes, eval_split=evaluation, eval_fraction=eval_fraction)
+
+
+# the share of the train split held out to choose with (an epoch, a halting threshold, a design): the default of
+# every command and study that chooses, so that a run and a later measurement of it hold out the same images
+SELECTION_FRACTION = 0.1
+
+
+def selection_images(splits: DatasetSplits, fraction: float = SELECTION_FRACTION, max_images: Optional[int] = None):
+    """``(train, selection)``: the images that choose (an epoch, a threshold, a design) and the rest of the train
+    split, which the model trains on. ``fraction`` of ``splits.train`` is held out (``hold_out``: stratified,
+    seed 0) and its first ``max_images`` kept. The one held-out rule of training, the halting command and the
+    studies."""
+    rest, selection = hold_out(splits.train, fraction, splits.label_column)
+    if len(selection) == 0:
+        raise DatasetError(f'holding out {fraction:g} of {len(splits.train)} training images holds out none: raise '
+                           'the fraction')
+    if max_images:
+        selection = selection.select(range(min(max_images, len(selection))))
+    return rest, selection
 
 
 def hold_out(dataset, fraction: float, label_column: str):

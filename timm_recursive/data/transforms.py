@@ -103,6 +103,14 @@ def shift_transform(config: dict, crop_padding: int, **transform_kwargs) -> tran
     ])
 
 
+def create_image_transform(config: dict, is_training: bool, crop_padding: int = 0, **transform_kwargs):
+    """timm's transform of a data config (``create_transform``), or in training with ``crop_padding`` the padded
+    random crop (``shift_transform``); ``transform_kwargs`` override the config (augmentation options)."""
+    if is_training and crop_padding:
+        return shift_transform(config, crop_padding, **transform_kwargs)
+    return create_transform(**{**config, **transform_kwargs}, is_training=is_training)
+
+
 def create_dataset_transform(
         model, splits: DatasetSplits, is_training: bool, crop_padding: int = 0,
         **transform_kwargs) -> Callable[[dict], dict]:
@@ -117,10 +125,7 @@ def create_dataset_transform(
     """
     config = resolve_model_data_config(model)
     mode = image_mode(config)
-    if is_training and crop_padding:
-        transform = shift_transform(config, crop_padding, **transform_kwargs)
-    else:
-        transform = create_transform(**{**config, **transform_kwargs}, is_training=is_training)
+    transform = create_image_transform(config, is_training, crop_padding, **transform_kwargs)
 
     def apply(batch: dict) -> dict:
         return {
