@@ -10,11 +10,12 @@ OFFLINE_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # the entmax CPU kernel is compiled once into the checkout (not the home folder)
 TEST_ENV := $(OFFLINE_ENV) OMP_NUM_THREADS=1 TORCH_EXTENSIONS_DIR=$(CURDIR)/.cache/torch_extensions
 
-.PHONY: help install test test-fast demo bench efficiency fashion-mnist ablations hub-folders clean
+.PHONY: help install lint test test-fast demo bench efficiency fashion-mnist ablations hub-folders clean
 
 help:
 	@echo "make demo    train a recursive DSA-MoE on digits, show it step by step, reload it (installs first)"
-	@echo "make test    create the environment and run every test"
+	@echo "make test    create the environment, lint, and run every test"
+	@echo "make lint    ruff over the whole tree (pyproject.toml's [tool.ruff])"
 	@echo "make test-fast  the tests not marked slow (no command runs, subprocesses, exports or training; about 90 s)"
 	@echo "make bench   the speed study's benchmarks into runs/speed/ (slow, not a test; see experiments/speed)"
 	@echo "make fashion-mnist  experiments/fashion_mnist_baselines: three variants, 24 epochs (about 3 h on 2 CPU cores)"
@@ -37,7 +38,10 @@ $(TIMM_SUITE): $(STAMP)
 	tar -xzf .cache/timm-sdist/timm-$$version.tar.gz -O timm-$$version/tests/test_models.py > $@.tmp && \
 	mv $@.tmp $@
 
-test: $(STAMP) $(TIMM_SUITE)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: lint $(TIMM_SUITE)
 	$(TEST_ENV) $(PY) -m pytest -n 2 -q
 
 # the fast tier: no test marked slow (a command's main, a subprocess, a wheel build, an export, a training run;

@@ -14,13 +14,13 @@ first compiled call (compilation) is timed on its own; then the two are timed in
 one run: absolute times on a shared CPU are noisy.
 """
 import argparse
-import pathlib
-import sys
 import copy
+import pathlib
 import statistics
+import sys
 
-import torch
 import timm
+import torch
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.timing import PRECISIONS, time_interleaved

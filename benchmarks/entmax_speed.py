@@ -29,15 +29,14 @@ import argparse
 import pathlib
 import sys
 
+import timm
 import torch
 import torch.nn.functional as F
 
-import timm
 import timm_recursive  # noqa: F401
-from timm_recursive.layers import entmax15
-from timm_recursive.layers import entmax_attention, entmax_kernel
 from timm_recursive.analysis.timing import PRECISIONS, autocast, median_seconds
 from timm_recursive.cli.args import positive_int
+from timm_recursive.layers import entmax15, entmax_attention, entmax_kernel
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
 from tools.benchmarking import benchmark_main  # noqa: E402

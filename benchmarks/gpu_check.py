@@ -50,15 +50,16 @@ import traceback
 from typing import Callable, Dict
 from unittest import mock
 
+import timm
 import torch
 
-import timm
 import timm_recursive
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
-from tools.generated_markdown import import_file  # noqa: E402
 from timm_recursive.analysis.timing import PRECISIONS
 from timm_recursive.layers import entmax15, entmax_attention, entmax_kernel
 from timm_recursive.runs import write_json_atomic
+from tools.generated_markdown import import_file  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 BENCHMARKS = {name: import_file(HERE / f'{name}.py')

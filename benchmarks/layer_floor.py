@@ -19,14 +19,14 @@ import pathlib
 import sys
 from typing import Callable, List, Sequence, Tuple
 
-import torch
 import timm
+import torch
 from torch import nn
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.timing import median_seconds
-from timm_recursive.models.recursive_classifier import sequence_length
 from timm_recursive.cli.args import positive_int
+from timm_recursive.models.recursive_classifier import sequence_length
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
 from tools.benchmarking import benchmark_main  # noqa: E402

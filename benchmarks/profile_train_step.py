@@ -13,20 +13,19 @@ backward CPU time and its share of the step. The profiler slows the step down, a
 moves absolute times: read the shares, not the seconds.
 """
 import argparse
-import pathlib
-import sys
 import collections
+import pathlib
 import re
+import sys
 
-import torch
 import timm
+import torch
 from torch.profiler import ProfilerActivity, profile
 
 import timm_recursive  # noqa: F401  registers the models
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
 from tools.benchmarking import benchmark_main, recursive_train_step  # noqa: E402
-
 
 _OPERATOR = re.compile(r'^(aten::|autograd::engine::evaluate_function: )')
 _SOURCE = re.compile(r'(?:^|/)(?:timm_recursive|timm)/(?:.*/)?(\w+)\.py\(\d+\): (\w+)$')

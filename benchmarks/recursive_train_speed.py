@@ -18,15 +18,15 @@ CPU: compare ratios within one run, not absolute numbers across runs.
 """
 import argparse
 import pathlib
-import sys
 import statistics
+import sys
 
-import torch
 import timm
+import torch
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import PRECISIONS, time_interleaved
 from timm_recursive.analysis.efficiency import parse_model_spec
+from timm_recursive.analysis.timing import PRECISIONS, time_interleaved
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's tools/
 from tools.benchmarking import benchmark_main, recursive_train_step  # noqa: E402

@@ -24,9 +24,9 @@ import argparse
 import pathlib
 import sys
 
+import timm
 import torch
 
-import timm
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.timing import PRECISIONS, inference_speed, training_speed
 from timm_recursive.analysis.token_fusion_cost import count_gmacs

@@ -8,7 +8,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from timm_recursive.analysis import adaptive_macs, forward_macs
 from timm_recursive.layers import (
-    HaltingHead, act_loss, act_weights, geometric_prior, halting_distribution, ponder_net_loss)
+    HaltingHead,
+    act_loss,
+    act_weights,
+    geometric_prior,
+    halting_distribution,
+    ponder_net_loss,
+)
 
 NUM_STEPS = 8
 
@@ -259,6 +265,7 @@ def test_halting_head_gets_gradient_through_the_model(images):
 def test_study_command(tmp_path, capsys):
     """The measurement command on scikit-learn's digits: JSON with every threshold's row, and its errors."""
     import json
+
     from timm_recursive.cli.adaptive_halting import main
     from timm_recursive.runs import export_model
     torch.manual_seed(0)
@@ -313,9 +320,10 @@ def test_evaluate_measures_halting(tmp_path, capsys):
     """timm-recursive-evaluate --halting-thresholds adds the per-threshold table and a 'halting' entry."""
     import argparse
     import json
+
+    from timm_recursive.cli import evaluate
     from timm_recursive.cli.adaptive_halting import check_halting_arguments
     from timm_recursive.runs import export_model
-    from timm_recursive.cli import evaluate
     torch.manual_seed(0)
     export_model(timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=1, num_steps=4), str(tmp_path / 'm'))
     args = ['--checkpoint', str(tmp_path / 'm'), '--dataset', 'digits', '--max-eval-samples', '60', '-b', '25']

@@ -1,6 +1,7 @@
 """timm's data options of train.py: --data-dir with hfds/, hfids/, torch/ and folder datasets, --dataset-config,
 --dataset-download, --class-map, --val-split, the data config overrides and --aug-repeats; each reaches what it
 configures, is recorded in args.json, and a bad value is one error line and exit 2 with nothing written."""
+import importlib
 import json
 import os
 
@@ -16,6 +17,7 @@ from timm_recursive.data import RepeatAugBatches, create_dataset_transform, reso
 from helpers import TINY_RUN, assert_one_error_line, load_script
 
 train_script = load_script('train')
+classifier = importlib.import_module('timm_recursive.train.classifier')
 FASHION_CLASSES = ['T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt', 'Sneaker', 'Bag',
                    'Ankle boot']
 
@@ -156,7 +158,7 @@ DATA_CONFIG_BASE = ['--model', 'recursive_dsa_moe_tiny', '--model-kwargs', 'num_
 def test_mean_and_std_overrides_normalise_the_transform():
     gray = Image.new('L', (8, 8), 51)  # 0.2
     args = train_script.parse_args([*DATA_CONFIG_BASE, '--mean', '0.5', '--std', '0.25'])
-    model, _ = train_script.create_model(args, 10)
+    model, _ = classifier.create_model(args, 10)
     assert torch.allclose(_transformed(model, gray), torch.full((1, 8, 8), (0.2 - 0.5) / 0.25), atol=1e-5)
 
 
@@ -164,7 +166,7 @@ def test_mean_and_std_overrides_normalise_the_transform():
 def test_crop_pct_override_changes_the_centre_crop(crop_pct, black_border):
     framed = Image.new('L', (16, 16), 0)
     framed.paste(255, (4, 4, 12, 12))  # a white centre half, in black
-    model, _ = train_script.create_model(train_script.parse_args([*DATA_CONFIG_BASE, '--crop-pct', str(crop_pct)]), 10)
+    model, _ = classifier.create_model(train_script.parse_args([*DATA_CONFIG_BASE, '--crop-pct', str(crop_pct)]), 10)
     assert bool((_transformed(model, framed) < 0).any()) == black_border  # the centre crop of half: all white
 
 
@@ -173,11 +175,11 @@ def test_interpolation_overrides_change_the_resize(option):
     noise = Image.fromarray((np.random.default_rng(0).integers(0, 2, (32, 32)) * 255).astype(np.uint8))
     args = train_script.parse_args([*DATA_CONFIG_BASE, option, 'nearest', '--hflip', '0', '--scale', '1', '1',
                                     '--ratio', '1', '1', '--color-jitter', '0'])
-    model, _ = train_script.create_model(args, 10)
+    model, _ = classifier.create_model(args, 10)
     is_training = option == '--train-interpolation'
-    kwargs = train_script.train_transform_kwargs(args) if is_training else {}
+    kwargs = classifier.train_transform_kwargs(args) if is_training else {}
     nearest = _transformed(model, noise, is_training, **kwargs)
-    default = _transformed(train_script.create_model(train_script.parse_args(DATA_CONFIG_BASE), 10)[0], noise,
+    default = _transformed(classifier.create_model(train_script.parse_args(DATA_CONFIG_BASE), 10)[0], noise,
                            is_training, **{k: v for k, v in kwargs.items() if k != 'interpolation'})
     assert len(torch.unique(nearest)) == 2 and len(torch.unique(default)) > 2  # nearest keeps black and white
 

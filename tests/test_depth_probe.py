@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from timm_recursive.data import to_depth_array
 from timm_recursive.analysis.probing import MIN_DEPTH, canvas_depths, depth_metrics, depth_probe
+from timm_recursive.data import to_depth_array
 
 from helpers import assert_one_error_line, load_script
 

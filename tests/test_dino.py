@@ -1,5 +1,6 @@
 """DINO pretraining (timm_recursive.train.dino, train_scripts/train_dino.py) and frozen-feature probes
 (timm_recursive.analysis.probing, train_scripts/probe.py), on tiny models and data made here."""
+import importlib
 import json
 import math
 import os
@@ -7,21 +8,34 @@ import signal
 
 import numpy as np
 import pytest
+import timm
 import torch
 from safetensors.torch import load_file
-
-import timm
-import timm_recursive  # noqa: F401
 from timm.utils import ModelEmaV3
-from timm_recursive.train.dino import (
-    CollapseDetector, DINOHead, DINOLoss, DINOModel, MultiCropTransform, cosine_schedule, teacher_temperatures)
+
+import timm_recursive  # noqa: F401
 from timm_recursive.analysis.probing import (
-    compose_canvases, confusion_matrix, dense_probe, linear_probe, segmentation_scores)
+    compose_canvases,
+    confusion_matrix,
+    dense_probe,
+    linear_probe,
+    segmentation_scores,
+)
 from timm_recursive.runs import find_last_state
+from timm_recursive.train.dino import (
+    CollapseDetector,
+    DINOHead,
+    DINOLoss,
+    DINOModel,
+    MultiCropTransform,
+    cosine_schedule,
+    teacher_temperatures,
+)
 
 from helpers import load_script
 
 dino_script = load_script('train_dino')
+dino_module = importlib.import_module('timm_recursive.train.dino')
 probe_script = load_script('probe')
 
 # a few seconds per epoch: 64 digits, 8 px global and 4 px local crops, a 1-block ViT of width 32
@@ -156,14 +170,14 @@ def test_dino_run_records_metrics_and_exports_a_loadable_backbone(dino_run):
 
 def _interrupt_at(monkeypatch, calls):
     count = {'n': 0}
-    original = dino_script.teacher_statistics
+    original = dino_module.teacher_statistics
 
     def statistics_then_signal(*args, **kwargs):
         count['n'] += 1
         if count['n'] == calls:
             signal.raise_signal(signal.SIGTERM)
         return original(*args, **kwargs)
-    monkeypatch.setattr(dino_script, 'teacher_statistics', statistics_then_signal)
+    monkeypatch.setattr(dino_module, 'teacher_statistics', statistics_then_signal)
 
 
 @pytest.mark.slow
@@ -279,7 +293,11 @@ def test_probe_commands_on_the_pretrained_backbone(dino_run, tmp_path):
 
 def test_features_of_any_block_from_one_pass():
     from timm_recursive.analysis.probing import (
-        check_blocks, classification_features, classification_features_per_block, dense_features)
+        check_blocks,
+        classification_features,
+        classification_features_per_block,
+        dense_features,
+    )
     def three_blocks():
         torch.manual_seed(0)
         return timm.create_model('vit_small_patch16_224', num_classes=0, in_chans=1, img_size=8, patch_size=4,

@@ -5,8 +5,16 @@ import torch
 
 import timm_recursive  # noqa: F401 (registers the models)
 from timm_recursive.layers import (
-    KeepMaskedBlocks, TokenFusionBlock, TokenFusionObjective, fusion_output_counts, gumbel_keep_mask,
-    keep_mask_softmax, num_kept, ratio_loss, record_token_fusion)
+    KeepMaskedBlocks,
+    TokenFusionBlock,
+    TokenFusionObjective,
+    fusion_output_counts,
+    gumbel_keep_mask,
+    keep_mask_softmax,
+    num_kept,
+    ratio_loss,
+    record_token_fusion,
+)
 
 
 def _model(mode, **kwargs):

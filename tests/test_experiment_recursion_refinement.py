@@ -1,7 +1,7 @@
 """experiments/recursion_refinement/tables.py: the study's tables from the JSON kept in its results/."""
 import json
-import pathlib
 import os
+import pathlib
 import statistics
 import subprocess
 

@@ -115,9 +115,10 @@ def test_equal_macs_one_budget_and_source_tables(tmp_path):
 def test_accuracy_keeps_each_images_hit_and_leaves_the_model_in_eval_mode():
     """A model measured by accuracy is counted next (dynamicvit's training forward would cost more): its mode
     stays; each image's hit is kept for the paired intervals."""
-    from timm_recursive.analysis.intervals import unpack_hits
     import timm
     import torch
+
+    from timm_recursive.analysis.intervals import unpack_hits
     model = timm.create_model('deit_t_tokenfuse', mode='dynamicvit', **ablation.ARCH, in_chans=1, num_classes=10).eval()
     batches = [{'pixel_values': torch.randn(4, 1, 28, 28), 'label': torch.tensor([0, 1, 2, 3])}]
     measured = ablation.accuracy(model, batches, 'selection_')
@@ -139,9 +140,11 @@ merging = import_file(STUDY / 'merging.py')
 
 
 def test_merging_cells_build_the_models_they_name():
-    import timm
-    from timm_recursive.cli.args import ModelKwargs
     import argparse
+
+    import timm
+
+    from timm_recursive.cli.args import ModelKwargs
     parser = argparse.ArgumentParser()
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs)
     tome = {**merging.method_settings('tome', 'head_mean'), **merging.setting('tome', [6, 6, 5, 5, 5, 5])}

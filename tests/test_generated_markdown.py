@@ -7,7 +7,12 @@ import sys
 import pytest
 
 from tools.generated_markdown import (
-    GeneratedMarkdownError, Repository, markdown_table, render, tables_outside_generated_blocks)
+    GeneratedMarkdownError,
+    Repository,
+    markdown_table,
+    render,
+    tables_outside_generated_blocks,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RENDER = ROOT / 'experiments' / 'render.py'

@@ -24,8 +24,7 @@ import warnings
 import pytest
 import torch
 
-from timm_recursive.layers import EntmaxAttention, entmax15
-from timm_recursive.layers import entmax_attention
+from timm_recursive.layers import EntmaxAttention, entmax15, entmax_attention
 
 from helpers import INTERPRETED_KERNELS, ROOT
 

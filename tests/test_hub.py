@@ -5,14 +5,13 @@ import re
 import shutil
 
 import pytest
+import timm
 import torch
 import yaml
 from safetensors.torch import save_file
 
-import timm
 import timm_recursive  # noqa: F401
-from timm_recursive.hub import (
-    HUB_ORG, HubError, export_run, load_run, public_command, push_to_hub, render_model_card)
+from timm_recursive.hub import HUB_ORG, HubError, export_run, load_run, public_command, push_to_hub, render_model_card
 from timm_recursive.runs import OUTPUT_MARKER, create_model_from_checkpoint
 
 from helpers import TINY_RUN, load_script

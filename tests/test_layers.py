@@ -4,7 +4,12 @@ import torch
 import torch.nn.functional as F
 
 from timm_recursive.layers import (
-    DynamicSparseAttention, MixtureOfExperts, attention_map, expert_counts, load_balancing_loss, router_z_loss,
+    DynamicSparseAttention,
+    MixtureOfExperts,
+    attention_map,
+    expert_counts,
+    load_balancing_loss,
+    router_z_loss,
     sparse_attention_sparsity,
 )
 

@@ -4,8 +4,9 @@ import os
 
 import pytest
 
-from helpers import TINY_RUN, load_script
 from timm_recursive.runs import OUTPUT_MARKER, write_json_atomic
+
+from helpers import TINY_RUN, load_script
 
 train_script = load_script('train')
 push_script = load_script('push_to_hub')

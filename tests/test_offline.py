@@ -8,7 +8,7 @@ import timm
 from huggingface_hub import constants
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.models import offline
+from timm_recursive.models import _hub as offline
 
 UNREACHABLE = 'http://127.0.0.1:9'  # the discard port: refused at once, no network needed
 

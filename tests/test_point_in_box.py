@@ -4,9 +4,9 @@ import json
 
 import numpy as np
 import pytest
+import timm
 import torch
 
-import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.analysis import point_in_box as pib
 from timm_recursive.cli import point_in_box as point_in_box_command

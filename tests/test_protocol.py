@@ -62,6 +62,7 @@ def test_two_runs_of_one_command_log_identical_metrics(tmp_path):
 
 def test_intervals_over_seeds_and_between_variants():
     import math
+
     from timm_recursive.analysis.intervals import difference_interval, format_interval, mean_interval
     mean, half = mean_interval([1.0, 1.2, 0.9])
     assert math.isclose(mean, 31 / 30) and math.isclose(half, 4.302653 * 0.152753 / math.sqrt(3), rel_tol=1e-5)
@@ -74,8 +75,13 @@ def test_intervals_over_seeds_and_between_variants():
 def test_paired_and_unpaired_intervals_over_test_images():
     import math
     import random
+
     from timm_recursive.analysis.intervals import (
-        pack_hits, paired_hits_interval, proportion_difference_interval, unpack_hits)
+        pack_hits,
+        paired_hits_interval,
+        proportion_difference_interval,
+        unpack_hits,
+    )
     rng = random.Random(0)
     a = [rng.random() < 0.8 for _ in range(2001)]
     b = [hit if rng.random() < 0.9 else not hit for hit in a]  # b agrees with a on ~90% of the images

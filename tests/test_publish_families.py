@@ -13,7 +13,15 @@ from PIL import Image
 import timm_recursive  # noqa: F401
 from timm_recursive.data import resolve_dataset
 from timm_recursive.hub import (
-    FAMILIES, HubError, base_model_id, hub_dataset_id, load_run, public_command, render_model_card, strip_local_paths)
+    FAMILIES,
+    HubError,
+    base_model_id,
+    hub_dataset_id,
+    load_run,
+    public_command,
+    render_model_card,
+    strip_local_paths,
+)
 from timm_recursive.runs import INSTALL_COMMAND, create_model_from_checkpoint
 
 from helpers import load_script

@@ -62,7 +62,12 @@ def test_shapes_and_steps(attn, ffn, num_steps):
 
 def test_history_grows_by_one_latent_per_step():
     from timm_recursive.models.recursive_classifier import (
-        ROLE_SLOTS, ROLES, sequence_length, step_of_length, token_roles)
+        ROLE_SLOTS,
+        ROLES,
+        sequence_length,
+        step_of_length,
+        token_roles,
+    )
     model = _tiny(num_steps=5)
     lengths = []
     model.blocks[0].register_forward_pre_hook(lambda m, inp: lengths.append(inp[0].shape[1]))
@@ -444,6 +449,7 @@ def test_interventions_command(tmp_path, capsys):
 
 def test_labelled_batches_leave_no_single_image_batch():
     import datasets
+
     from timm_recursive.analysis.images import labelled_batches
     rows = datasets.Dataset.from_dict({'image': list(range(11)), 'label': list(range(11))})
 

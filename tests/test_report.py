@@ -2,9 +2,9 @@
 import json
 
 import pytest
+import timm
 import torch
 
-import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.analysis.intervals import paired_gain
 from timm_recursive.analysis.recursion_trace import RecursionTrace, RecursionTracer

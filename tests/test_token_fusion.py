@@ -5,15 +5,23 @@ import json
 import math
 
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
-
-import timm
-import timm_recursive  # noqa: F401
 from timm.models.vision_transformer import Block, VisionTransformer
+
+import timm_recursive  # noqa: F401
 from timm_recursive.layers import (
-    DEFAULT_IMPORTANCE_SCORE, FUSION_MODES, ClsRowAttention, TokenFusion, TokenFusionObjective, density_peak_clusters,
-    fusion_objective_terms, token_sources, weighted_cluster_means)
+    DEFAULT_IMPORTANCE_SCORE,
+    FUSION_MODES,
+    ClsRowAttention,
+    TokenFusion,
+    TokenFusionObjective,
+    density_peak_clusters,
+    fusion_objective_terms,
+    token_sources,
+    weighted_cluster_means,
+)
 from timm_recursive.models import TokenFusionVisionTransformer, apply_token_fusion, record_token_fusion
 
 SMALL = dict(img_size=96)  # a 6x6 patch grid keeps the tests fast
@@ -469,8 +477,9 @@ TINY_DATA = ['--dataset', 'digits', '--in-chans', '1', '--max-train-samples', '6
 
 @pytest.mark.slow
 def test_finetune_a_fused_model_from_dense_weights_with_the_objective(tmp_path, capsys):
-    from helpers import TINY_RUN, load_script
     from timm_recursive.runs import create_model_from_checkpoint
+
+    from helpers import TINY_RUN, load_script
     train_script = load_script('train')
     dense, fused = str(tmp_path / 'dense'), str(tmp_path / 'fused')
     assert train_script.main(['--model', 'deit_t_tokenfuse', *TINY_FUSED, 'keep_rate=1.0', *TINY_DATA,
@@ -498,6 +507,7 @@ def test_imagenet_evaluation_command_runs_offline_on_an_imagefolder(tmp_path):
     """The README's ImageNet command, with a local DeiT-Ti weight file and a 2-class val/ folder for the Hub and ImageNet."""
     from PIL import Image
     from safetensors.torch import save_file
+
     from helpers import load_script
     for wnid in ('n01440764', 'n01443537'):
         (tmp_path / 'imagenet' / 'val' / wnid).mkdir(parents=True)
@@ -561,6 +571,7 @@ def test_cost_of_a_dynamicvit_model_counts_its_predictors_and_no_clustering():
 def test_deit_s_default_lands_at_the_anchors_budget_committed_in_the_study(unfused_attention):
     import json
     import pathlib
+
     from timm_recursive.analysis.token_fusion_cost import count_gmacs
     from timm_recursive.models.deit_token_fusion import DEIT_S_KEEP_RATE
     budget = json.loads((pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'token_fusion_ablation'

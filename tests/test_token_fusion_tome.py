@@ -4,15 +4,25 @@ import math
 import warnings
 
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
-
-import timm
-import timm_recursive  # noqa: F401
 from timm.models.vision_transformer import Block, VisionTransformer
+
+import timm_recursive  # noqa: F401
 from timm_recursive.layers import (
-    ClsRowAttention, SizedBlocks, TokenMergingBlock, block_token_counts, bipartite_soft_matching, merge_by_size,
-    merge_tokens, merging_macs, num_merged, token_sources, tome_r_schedule)
+    ClsRowAttention,
+    SizedBlocks,
+    TokenMergingBlock,
+    bipartite_soft_matching,
+    block_token_counts,
+    merge_by_size,
+    merge_tokens,
+    merging_macs,
+    num_merged,
+    token_sources,
+    tome_r_schedule,
+)
 from timm_recursive.models import apply_token_fusion, record_token_fusion
 
 
@@ -333,8 +343,9 @@ def test_tome_onnx_export_matches_pytorch_in_onnxruntime(dynamo, tmp_path):
 
 @pytest.mark.slow
 def test_train_command_fine_tunes_with_tome(tmp_path):
-    from helpers import load_script
     from timm_recursive.runs import create_model_from_checkpoint
+
+    from helpers import load_script
     run = str(tmp_path / 'tome')
     kwargs = ['img_size=16', 'patch_size=4', 'embed_dim=32', 'depth=2', 'num_heads=2', 'mode=tome', 'r=[3,2]',
               "pretrained_cfg_overlay={'input_size':(1,16,16),'crop_pct':1.0}"]

@@ -1,4 +1,5 @@
 """train.py accepts timm's training flags, refuses abbreviations, and plumbs the new options through."""
+import importlib
 import json
 import os
 
@@ -8,6 +9,7 @@ from PIL import Image
 from helpers import ROOT, TINY_RUN, load_script
 
 train_script = load_script('train')
+classifier = importlib.import_module('timm_recursive.train.classifier')
 
 
 def test_timm_flag_names_mean_what_they_mean_in_timm(monkeypatch):
@@ -31,7 +33,7 @@ def test_drop_input_size_and_checkpointing_reach_the_model():
     args = train_script.parse_args(['--model', 'vit_tiny_entmax', '--drop', '0.1', '--drop-path', '0.2',
                                     '--input-size', '1', '32', '32', '--grad-checkpointing',
                                     '--model-kwargs', 'depth=2'])
-    model, in_chans = train_script.create_model(args, num_classes=4)
+    model, in_chans = classifier.create_model(args, num_classes=4)
     assert in_chans == 1 and model.pretrained_cfg['input_size'] == (1, 32, 32)
     assert model.patch_embed.img_size == (32, 32)  # the ViT is built for the new size
     assert model.head_drop.p == 0.1 and model.blocks[1].drop_path1.drop_prob == pytest.approx(0.2)
@@ -215,6 +217,7 @@ def test_a_deit_recipe_config_trains_with_timm_augmentations(tmp_path):
 
 def test_the_committed_deit_recipe_is_the_documented_fine_tuning_command():
     import shlex
+
     import yaml
     recipe_path = os.path.join(ROOT, 'train_scripts', 'recipes', 'deit_finetune.yaml')
     docs = open(os.path.join(ROOT, 'docs', 'token_fusion.md')).read()
@@ -229,8 +232,8 @@ def test_the_committed_deit_recipe_is_the_documented_fine_tuning_command():
 
 
 def test_the_train_transform_applies_the_augmentation_flags():
-    from timm_recursive.cli.train import train_transform_kwargs
     from timm_recursive.data.transforms import create_image_transform
+    from timm_recursive.train.classifier import train_transform_kwargs
     config = dict(input_size=(3, 32, 32), interpolation='bilinear', mean=(0.5,) * 3, std=(0.5,) * 3, crop_pct=1.)
 
     def transform_names(argv):
@@ -248,7 +251,7 @@ def test_timm_optimizer_scheduler_and_ema_options_reach_their_objects(tmp_path, 
     seen = {}
 
     def record(key, factory):  # the keyword arguments train passes to a timm factory
-        monkeypatch.setattr(train_script, factory, lambda *a, _f=getattr(train_script, factory), **k:
+        monkeypatch.setattr(classifier, factory, lambda *a, _f=getattr(classifier, factory), **k:
                             seen.setdefault(key, k) and _f(*a, **k))
 
     record('opt', 'create_optimizer_v2')

@@ -1,5 +1,6 @@
 """timm train.py's options reach the objects they configure: optimizer and scheduler arguments, gradient
 clipping, BCE, initial and pretrained weights, the model's dtype and pooling, the best-epoch metric."""
+import importlib
 import json
 import logging
 import types
@@ -11,6 +12,7 @@ from safetensors.torch import load_file
 from helpers import TINY_RUN, assert_one_error_line, load_script
 
 train_script = load_script('train')
+classifier = importlib.import_module('timm_recursive.train.classifier')
 MISSING = '/nonexistent/timm_recursive_weights.safetensors'
 FROZEN = ['--lr', '0', '--warmup-lr', '0', '--min-lr', '0', '--weight-decay', '0']  # no update moves a weight
 BATCHNORM_STATISTICS = ('running_mean', 'running_var', 'num_batches_tracked')  # these move in training even so
@@ -25,14 +27,14 @@ def trained_run(tmp_path_factory):
 
 
 def _record(monkeypatch, name, seen):
-    """Make ``train_script.<name>`` record the keyword arguments of its calls (in ``seen[name]``) and its result."""
-    original = getattr(train_script, name)
+    """Make ``classifier.<name>`` record the keyword arguments of its calls (in ``seen[name]``) and its result."""
+    original = getattr(classifier, name)
 
     def recording(*args, **kwargs):
         result = original(*args, **kwargs)
         seen.setdefault(name, []).append((args, kwargs, result))
         return result
-    monkeypatch.setattr(train_script, name, recording)
+    monkeypatch.setattr(classifier, name, recording)
 
 
 @pytest.mark.slow
@@ -41,7 +43,7 @@ def test_optimizer_scheduler_clipping_compile_and_logging_options_reach_their_ob
     for name in ('create_optimizer_v2', 'create_scheduler_v2', 'dispatch_clip_grad'):
         _record(monkeypatch, name, seen)
     compiled = []
-    monkeypatch.setattr(train_script.StepOutputs, 'compile', lambda self, **kwargs: compiled.append(kwargs))
+    monkeypatch.setattr(classifier.StepOutputs, 'compile', lambda self, **kwargs: compiled.append(kwargs))
     caplog.set_level(logging.INFO, logger='timm_recursive.train.run')
     run = tmp_path / 'run'
     # -b 16 of --lr-base-size 32: lr = 0.1 * 16 / 32
@@ -66,7 +68,7 @@ def test_optimizer_scheduler_clipping_compile_and_logging_options_reach_their_ob
 
 def test_the_learning_rate_is_lr_else_timms_lr_base_rule_else_the_default():
     def lr(*argv, num_processes=2):
-        return train_script.learning_rate(train_script.parse_args(list(argv)), num_processes)
+        return classifier.learning_rate(train_script.parse_args(list(argv)), num_processes)
     base = ['--lr-base', '0.1', '-b', '32', '--grad-accum-steps', '2']  # global batch 32 * 2 * 2 = 128 of 256
     assert lr(*base) == pytest.approx(0.1 * 0.5 ** 0.5)  # AdamW: square-root scaling, as timm
     assert lr(*base, '--opt', 'sgd') == pytest.approx(0.05)
@@ -79,7 +81,7 @@ def test_the_learning_rate_is_lr_else_timms_lr_base_rule_else_the_default():
 def test_bce_loss_trains_every_step_with_timms_binary_cross_entropy(tmp_path, monkeypatch):
     made, calls = [], []
 
-    class RecordingBCE(train_script.BinaryCrossEntropy):
+    class RecordingBCE(classifier.BinaryCrossEntropy):
         def __init__(self, **kwargs):
             made.append(kwargs)
             super().__init__(**kwargs)
@@ -87,7 +89,7 @@ def test_bce_loss_trains_every_step_with_timms_binary_cross_entropy(tmp_path, mo
         def forward(self, x, target):
             calls.append((tuple(x.shape), tuple(target.shape)))
             return super().forward(x, target)
-    monkeypatch.setattr(train_script, 'BinaryCrossEntropy', RecordingBCE)
+    monkeypatch.setattr(classifier, 'BinaryCrossEntropy', RecordingBCE)
     run = tmp_path / 'run'
     assert train_script.main(TINY_RUN + [
         '--epochs', '1', '--bce-loss', '--bce-sum', '--bce-target-thresh', '0.2', '--bce-pos-weight', '2',
@@ -150,11 +152,11 @@ def test_sync_bn_converts_batchnorm_only_when_several_processes_train():
 
     def converted(num_processes, device):
         accelerator = types.SimpleNamespace(num_processes=num_processes, device=torch.device(device))
-        return train_script.sync_batchnorm(model, accelerator, log=lambda message: None)
+        return classifier.sync_batchnorm(model, accelerator, log=lambda message: None)
 
     assert converted(1, 'cpu') is model
     assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in converted(2, 'cuda').modules())
-    with pytest.raises(train_script.CheckpointError, match='SyncBatchNorm runs on GPUs, not cpu'):
+    with pytest.raises(classifier.TrainingConfigError, match='SyncBatchNorm runs on GPUs, not cpu'):
         converted(2, 'cpu')
 
 
@@ -164,7 +166,7 @@ def test_eval_metric_picks_the_best_epoch(metric, best_epoch, tmp_path, monkeypa
     # epoch 2 is better on top-1 only
     results = iter([{'top1': [50.] * 3, 'top5': [90.] * 3, 'loss': 1.0},
                     {'top1': [60.] * 3, 'top5': [80.] * 3, 'loss': 2.0}])
-    monkeypatch.setattr(train_script, 'evaluate_steps', lambda *a, **k: {
+    monkeypatch.setattr(classifier, 'evaluate_steps', lambda *a, **k: {
         **next(results), 'first_to_last': [0., 0.], 'images': 40, 'images_per_s': 1.})
     run = tmp_path / 'run'
     assert train_script.main(TINY_RUN + ['--epochs', '2', '--max-train-samples', '16', '--eval-metric', metric,

@@ -1,4 +1,5 @@
 """Training pipeline: deep supervision, per-step evaluation, atomic states, exact resume, export, errors."""
+import importlib
 import json
 import os
 import shutil
@@ -7,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.runs import CheckpointError, create_model_from_checkpoint, find_last_state, load_weights
 from timm_recursive.train import StepOutputs, deep_supervision_loss, evaluate_steps, step_weights
@@ -19,6 +20,7 @@ from timm_recursive.train import StepOutputs, deep_supervision_loss, evaluate_st
 from helpers import ROOT, TINY_RUN, load_script, measured_metrics
 
 train_script = load_script('train')
+classifier = importlib.import_module('timm_recursive.train.classifier')
 evaluate_script = load_script('evaluate')
 
 
@@ -118,14 +120,14 @@ def test_train_writes_metrics_summary_and_a_loadable_export(tmp_path):
 def _interrupt_after(monkeypatch, calls):
     """Deliver SIGTERM to this process during the ``calls``-th training step."""
     count = {'n': 0}
-    original = train_script.deep_supervision_loss
+    original = classifier.deep_supervision_loss
 
     def loss_then_signal(*args, **kwargs):
         count['n'] += 1
         if count['n'] == calls:
             signal.raise_signal(signal.SIGTERM)
         return original(*args, **kwargs)
-    monkeypatch.setattr(train_script, 'deep_supervision_loss', loss_then_signal)
+    monkeypatch.setattr(classifier, 'deep_supervision_loss', loss_then_signal)
 
 
 @pytest.mark.slow
@@ -234,6 +236,15 @@ def test_the_per_step_table_is_printed_for_recursive_models_only(num_steps):
     text = train_script.report([summary], num_steps)
     assert ('per recursion step' in text) == (num_steps > 1)
     assert 'seed 0: last epoch top-1' in text
+
+
+@pytest.mark.parametrize('num_steps,columns', [(16, list(range(1, 17))), (17, [1, 3, 5, 7, 9, 11, 13, 15, 17]),
+                                               (24, [1, 4, 7, 10, 13, 16, 19, 22, 24])])
+def test_the_per_step_table_shows_each_step_once(num_steps, columns):
+    table = train_script.format_summary([('seed 0', [float(t) for t in range(1, num_steps + 1)])], num_steps)
+    head, row = table.splitlines()
+    assert head.split() == [f't={t}' for t in columns]
+    assert row.split()[2:] == [f'{t:.2f}' for t in columns]  # each column holds its own step's figure
 
 
 @pytest.mark.slow

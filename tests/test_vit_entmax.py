@@ -4,11 +4,11 @@ import os
 
 import numpy as np
 import pytest
-from PIL import Image
+import timm
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
-import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.layers import EntmaxAttention, convert_to_entmax
 from timm_recursive.models import EntmaxVisionTransformer

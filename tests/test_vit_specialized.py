@@ -2,9 +2,9 @@
 import copy
 
 import pytest
+import timm
 import torch
 
-import timm
 import timm_recursive  # noqa: F401
 from timm_recursive.layers import PrefixSpecialized, convert_to_token_specialized
 from timm_recursive.models import TokenSpecializedVisionTransformer

@@ -7,3 +7,5 @@ from . import layers, models
 from .models import RecursiveClassifier
 
 __version__ = '0.1.0'
+
+__all__ = ['layers', 'models', 'RecursiveClassifier', '__version__']

@@ -5,8 +5,8 @@ from typing import Dict
 
 from timm_recursive.analysis.adaptive_halting import still_running_table, threshold_table
 from timm_recursive.analysis.intervals import format_interval
-from tools.generated_markdown import markdown_table, pct
 from timm_recursive.hub.cards import public_command, strip_local_paths
+from tools.generated_markdown import markdown_table, pct
 
 CRITERIA = ('confidence', 'change', 'halting')
 # the training run each criterion's model comes from (results/<folder>/summary.json)

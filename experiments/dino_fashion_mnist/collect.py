@@ -19,7 +19,6 @@ import sys
 from timm_recursive.runs import DirtyCheckoutError, provenance, require_clean_checkout, typed_command
 from timm_recursive.runs.files import write_json_atomic
 
-
 PROBES = ('linear', 'segment', 'segment_cls', 'depth_cls')
 PRETRAINING_FILES = ('summary.json', 'metrics.jsonl')  # a variant folder's, written by train_dino.py
 

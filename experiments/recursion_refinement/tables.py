@@ -16,10 +16,10 @@ import pathlib
 import statistics
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from tools.generated_markdown import markdown_table, pct
-from timm_recursive.analysis.recursion_interventions import comparison_table
 from timm_recursive.analysis.intervals import difference_interval, format_interval, mean_interval, paired_gain
+from timm_recursive.analysis.recursion_interventions import comparison_table
 from timm_recursive.layers.sparse_attention import sparse_attention_sparsity
+from tools.generated_markdown import markdown_table, pct
 
 RECIPE_ROOT = 'ablations'  # the 6,000-image, 4-epoch recipe of ablations.sh
 FULL_DATA_ROOT = 'ablations_full4'

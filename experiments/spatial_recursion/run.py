@@ -2,7 +2,8 @@
 """The spatial recursion study: do the steps refine once they read the image through DSA?
 
     experiments/spatial_recursion/run.py [--out runs/spatial_recursion] [--jobs 2] [--only CELL ...] [--commit]
-    experiments/spatial_recursion/run.py --halting CELL [--commit]   # then: python experiments/spatial_recursion/plot.py
+    experiments/spatial_recursion/run.py --halting CELL [--commit]   # then: python
+    experiments/spatial_recursion/plot.py
 
 Trains every cell of ``CELLS`` (a design: model, model arguments, recipe) for each of its seeds with
 ``timm-recursive train`` into ``OUT/<cell>/seed<S>`` (one thread per run, ``--jobs`` at once), most
@@ -21,7 +22,8 @@ multiply-adds, the fixed depths and the exits on one plot.
 
 Recipes (the recursion study's, ``experiments/recursion_refinement/ablations.sh``, with held-out selection):
 ``ablation``: the first 6,000 of the 54,000 training images left after 10% (6,000, stratified, seed 0) are
-held out, 4 epochs, the exported epoch chosen on the first 2,000 held-out images, the first 5,000 test images; ``full``: all 54,000, 10 epochs,
+held out, 4 epochs, the exported epoch chosen on the first 2,000 held-out images, the first 5,000 test images; ``full``:
+all 54,000, 10 epochs,
 every test image (``experiments/fashion_mnist_baselines``' recipe, whose pooled runs are the comparison).
 """
 import argparse
@@ -33,8 +35,8 @@ from typing import Dict, List
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the repository's tools/
-from tools.study_runs import Cell, Study, add_arguments, commit, offline_env, run_study  # noqa: E402
 from tools import study_runs  # noqa: E402
+from tools.study_runs import Cell, Study, add_arguments, commit, offline_env, run_study  # noqa: E402
 
 STUDY = pathlib.Path(__file__).resolve().parent
 RESULTS = STUDY / 'results'

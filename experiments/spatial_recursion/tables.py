@@ -69,11 +69,10 @@ def design(summary: dict) -> str:
 def _macs_per_step(model_name: str, kwargs_json: str, num_classes: int, in_chans: int) -> List[int]:
     import timm
     import torch
+    from torch.utils.flop_counter import FlopCounterMode
 
     import timm_recursive  # noqa: F401  registers the models
     from timm_recursive.analysis.efficiency import forward_macs
-    from torch.utils.flop_counter import FlopCounterMode
-
     from timm_recursive.models import RecursiveClassifier
     model = timm.create_model(model_name, num_classes=num_classes, in_chans=in_chans, **json.loads(kwargs_json))
     model.eval()

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """ToMe beside the source's token fusion and DynamicViT on the ablation's small ViT, at equal MACs and equal images/s.
 
-    OMP_NUM_THREADS=1 .venv/bin/python experiments/token_fusion_ablation/merging.py --out runs/token_fusion_ablation_held_out
+    OMP_NUM_THREADS=1 .venv/bin/python experiments/token_fusion_ablation/merging.py --out
+    runs/token_fusion_ablation_held_out
     cp runs/token_fusion_ablation_held_out/merging.json experiments/token_fusion_ablation/results/   # publish, render
 
 The dense model is ``run.py``'s (``OUT/dense``; trained with ``run.py``'s command when missing, so run this after
@@ -39,14 +40,11 @@ from typing import Dict, List
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository's tools/
-from tools.generated_markdown import import_file  # noqa: E402
-
 from timm_recursive.analysis.timing import inference_speed, training_speed  # noqa: E402
-from timm_recursive.analysis.token_fusion_cost import (  # noqa: E402
-    count_gmacs, keep_rate_for_budget, tome_r_for_budget)
+from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget, tome_r_for_budget  # noqa: E402
 from timm_recursive.layers import IMPORTANCE_SCORES  # noqa: E402
-from timm_recursive.runs import (  # noqa: E402
-    provenance, typed_command)
+from timm_recursive.runs import provenance, typed_command  # noqa: E402
+from tools.generated_markdown import import_file  # noqa: E402
 
 ablation = import_file(pathlib.Path(__file__).resolve().parent / 'run.py')
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Token fusion ablation measured here: importance / diversity / both at keep 0.5-0.8, off the shelf and fine-tuned.
 
-    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python experiments/token_fusion_ablation/run.py [--out runs/token_fusion_ablation]
+    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python experiments/token_fusion_ablation/run.py [--out
+    runs/token_fusion_ablation]
     cp runs/token_fusion_ablation/results.json experiments/token_fusion_ablation/results/   # publish, then render
 
 A small ViT (``deit_t_tokenfuse`` architecture at width 64, 4 heads, depth 6, patch 4 on 28 px:
@@ -44,10 +45,10 @@ from typing import Dict, List, Tuple
 import torch
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.timing import inference_speed
-from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget
 from timm_recursive.analysis.images import labelled_batches
 from timm_recursive.analysis.intervals import pack_hits
+from timm_recursive.analysis.timing import inference_speed
+from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget
 from timm_recursive.data import (
     create_dataset_transform,
     resolve_dataset,
@@ -56,10 +57,10 @@ from timm_recursive.data import (
 from timm_recursive.layers import FUSION_MODES, IMPORTANCE_SCORES, num_kept
 from timm_recursive.runs import (
     DirtyCheckoutError,
+    create_model_from_checkpoint,
     provenance,
     require_clean_checkout,
     typed_command,
-    create_model_from_checkpoint,
     write_json_atomic,
 )
 from timm_recursive.train import StepOutputs, evaluate_steps

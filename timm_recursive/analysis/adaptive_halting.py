@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 __all__ = ['fixed_step_predictions', 'adaptive_predictions', 'still_running', 'halting_study', 'threshold_table',
-           'still_running_table', 'COMPARED_STEPS']
+           'still_running_table', 'check_halting_arguments', 'measure_halting', 'COMPARED_STEPS']
 
 COMPARED_STEPS = (1, 4, 8, 16)  # the fixed readouts each threshold is compared with (those the model has)
 
@@ -205,3 +205,25 @@ def still_running_table(result: Dict[str, object], threshold: float) -> str:
             for s in row['still_running']]
     return markdown_table(['step t', 'images still running', 'their top-1 at step 1 (%)', 'their top-1 at step t (%)',
                            'difference (points)'], rows)
+
+
+def check_halting_arguments(model, args) -> None:
+    """A ValueError, before anything is measured, when ``model`` cannot halt as ``args`` ask."""
+    if not args.halting_thresholds:
+        return
+    if not hasattr(model, 'check_adaptive_arguments'):
+        raise ValueError(f'--halting-thresholds needs a recursive classifier, not {type(model).__name__}')
+    for threshold in args.halting_thresholds:
+        model.check_adaptive_arguments(args.halting_criterion, threshold, None)
+
+
+def measure_halting(model, loader, args, device='cpu') -> Dict[str, object]:
+    """``halting_study`` over the batches of ``loader``, timed on its first ``args.halting_timing_images``."""
+    batches = [{key: batch[key].to(device) for key in ('pixel_values', 'label')} for batch in loader]
+    timing, timed = [], 0
+    for batch in batches:
+        if timed >= args.halting_timing_images:
+            break
+        timing.append(batch)
+        timed += len(batch['label'])
+    return halting_study(model, batches, args.halting_criterion, args.halting_thresholds, timing, args.halting_repeats)

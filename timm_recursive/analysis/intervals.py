@@ -6,7 +6,6 @@ import math
 import statistics
 from typing import List, Sequence, Tuple
 
-
 __all__ = ['mean_interval', 'difference_interval', 'paired_gain', 'paired_hits_interval',
            'proportion_difference_interval', 'pack_hits', 'unpack_hits', 'format_interval']
 

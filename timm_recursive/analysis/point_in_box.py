@@ -15,7 +15,8 @@ uniformly over the patches scores the chance level |b(q)| / number of patches (b
 averaged over the same queries; a query with no mass on any patch (entmax can do that) is left out of
 both and counted (``queries_without_patch_attention``).
 
-The boxes come from the canvases of ``timm-recursive-probe compose`` (``timm_recursive.analysis.probing.compose_canvases``:
+The boxes come from the canvases of ``timm-recursive-probe compose``
+(``timm_recursive.analysis.probing.compose_canvases``:
 ``grid`` x ``grid`` tiles of one image each): the bounding box of a tile's foreground pixels
 (``--box foreground``, the default) or the whole tile (``--box tile``).
 

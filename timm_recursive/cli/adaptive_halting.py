@@ -1,6 +1,7 @@
 """Adaptive halting of a recursive classifier, measured per threshold against its fixed-step readouts.
 
-``timm-recursive adaptive-halting --checkpoint RUN --dataset fashion_mnist --eval-samples 5000 --criterion confidence --thresholds 0.5 0.9 0.99 [--markdown]``
+``timm-recursive adaptive-halting --checkpoint RUN --dataset fashion_mnist --eval-samples 5000 --criterion confidence
+--thresholds 0.5 0.9 0.99 [--markdown]``
 
 What it measures and how: ``timm_recursive.analysis.adaptive_halting``.
 """
@@ -11,55 +12,10 @@ import platform
 import time
 from typing import Dict, Optional
 
-
 from timm_recursive.analysis.adaptive_halting import halting_study, threshold_table
-from timm_recursive.cli.args import add_data_arguments, dataset_from_arguments
+from timm_recursive.cli.args import add_data_arguments, halting_threshold
+from timm_recursive.data import resolve_dataset_from_options
 from timm_recursive.runs.provenance import provenance, typed_command
-
-
-def halting_threshold(text: str) -> float:
-    """argparse type: a halting threshold in (0, 1]."""
-    from timm_recursive.layers.adaptive_halting import check_threshold
-    try:
-        return check_threshold(float(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def add_halting_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options with which ``timm-recursive-evaluate`` and ``timm-recursive report`` measure adaptive halting."""
-    from timm_recursive.cli.args import positive_int
-    from timm_recursive.models.recursive_classifier import HALTING_CRITERIA
-    g = parser.add_argument_group('adaptive halting', 'recursive models: measure forward_adaptive per threshold '
-                                  '(accuracy, steps per image, multiply-adds per image, images/s against 16 fixed steps)')
-    g.add_argument('--halting-thresholds', type=halting_threshold, nargs='+', default=None, metavar='T',
-                   help='halting thresholds in (0, 1] to measure (default: none)')
-    g.add_argument('--halting-criterion', default='confidence', choices=HALTING_CRITERIA,
-                   help="forward_adaptive's criterion ('halting' needs a model trained with a halting head)")
-    g.add_argument('--halting-timing-images', type=positive_int, default=1000, help='first images timed')
-    g.add_argument('--halting-repeats', type=positive_int, default=3, help='interleaved timing repeats (median)')
-
-
-def check_halting_arguments(model, args) -> None:
-    """A ValueError, before anything is measured, when ``model`` cannot halt as ``args`` ask."""
-    if not args.halting_thresholds:
-        return
-    if not hasattr(model, 'check_adaptive_arguments'):
-        raise ValueError(f'--halting-thresholds needs a recursive classifier, not {type(model).__name__}')
-    for threshold in args.halting_thresholds:
-        model.check_adaptive_arguments(args.halting_criterion, threshold, None)
-
-
-def measure_halting(model, loader, args, device='cpu') -> Dict[str, object]:
-    """``halting_study`` over the batches of ``loader``, timed on its first ``args.halting_timing_images``."""
-    batches = [{key: batch[key].to(device) for key in ('pixel_values', 'label')} for batch in loader]
-    timing, timed = [], 0
-    for batch in batches:
-        if timed >= args.halting_timing_images:
-            break
-        timing.append(batch)
-        timed += len(batch['label'])
-    return halting_study(model, batches, args.halting_criterion, args.halting_thresholds, timing, args.halting_repeats)
 
 
 def _training_progress(checkpoint: Optional[str]) -> Dict[str, Optional[int]]:
@@ -113,7 +69,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
 
     def measure():
-        splits = dataset_from_arguments(args)
+        splits = resolve_dataset_from_options(args)
         model = model_from_arguments(args, splits.num_classes)
         transform = create_dataset_transform(model, splits, False)
         batches = labelled_batches(splits.eval, transform, args.eval_samples, args.batch_size)

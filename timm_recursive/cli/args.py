@@ -8,7 +8,6 @@ from typing import Optional
 from timm.utils import ParseKwargs
 from torch import nn
 
-from timm_recursive.data import DatasetSplits, check_dataset_folder, resolve_dataset
 from timm_recursive.runs import (
     CheckpointError,
     create_classifier,
@@ -17,9 +16,10 @@ from timm_recursive.runs import (
 
 __all__ = [
     'ModelKwargs', 'add_model_arguments', 'model_from_arguments', 'add_run_arguments', 'parse_args_with_config',
-    'add_data_arguments', 'dataset_from_arguments',
+    'add_data_arguments',
     'positive_int', 'non_negative_int', 'non_negative_float', 'positive_float', 'unit_interval',
     'unit_interval_or_zero', 'hub_repo_id', 'torch_device', 'add_device_argument', 'HelpFormatter', 'default_dataset',
+    'halting_threshold', 'add_halting_arguments',
 ]
 
 
@@ -236,7 +236,7 @@ DATASET_HELP = ('digits, a Hub id or alias, a local folder, or a timm name: hfds
 
 def add_data_arguments(parser, default: Optional[str] = 'digits', required: bool = False,
                        dataset_help: str = DATASET_HELP) -> None:
-    """The options that name a dataset and its columns and splits (read with ``dataset_from_arguments``)."""
+    """The options that name a dataset and its columns and splits (read with ``timm_recursive.data.resolve_dataset_from_options``)."""
     parser.add_argument('--dataset', default=None if required else default, required=required, help=dataset_help)
     parser.add_argument('--data-dir', default=None, metavar='DIR',
                         help='timm\'s dataset root: the folder dataset, torch/ files, the hfds/ and hfids/ download cache')
@@ -264,13 +264,23 @@ def default_dataset(args) -> None:
         args.dataset = '' if args.data_dir is not None else 'digits'
 
 
-def dataset_from_arguments(args, **kwargs) -> DatasetSplits:
-    """``resolve_dataset`` of the dataset ``add_data_arguments``'s options name; ``kwargs`` add to them or replace
-    them. A local folder without anything a dataset is made of is refused first (``check_dataset_folder``), with a
-    message that says what was expected, rather than the datasets library's."""
-    check_dataset_folder(args.dataset, args.data_dir)
-    options = dict(image_column=args.image_column, label_column=args.label_column, train_split=args.train_split,
-                   eval_split=args.eval_split, eval_fraction=args.eval_fraction, data_dir=args.data_dir,
-                   dataset_config=args.dataset_config,
-                   download=args.dataset_download, class_map=args.class_map)
-    return resolve_dataset(args.dataset, **{**options, **kwargs})
+def halting_threshold(text: str) -> float:
+    """argparse type: a halting threshold in (0, 1]."""
+    from timm_recursive.layers.adaptive_halting import check_threshold
+    try:
+        return check_threshold(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_halting_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options with which ``timm-recursive-evaluate`` and ``timm-recursive report`` measure adaptive halting."""
+    from timm_recursive.models.recursive_classifier import HALTING_CRITERIA
+    g = parser.add_argument_group('adaptive halting', 'recursive models: measure forward_adaptive per threshold '
+                                  '(accuracy, steps per image, multiply-adds per image, images/s against 16 fixed steps)')
+    g.add_argument('--halting-thresholds', type=halting_threshold, nargs='+', default=None, metavar='T',
+                   help='halting thresholds in (0, 1] to measure (default: none)')
+    g.add_argument('--halting-criterion', default='confidence', choices=HALTING_CRITERIA,
+                   help="forward_adaptive's criterion ('halting' needs a model trained with a halting head)")
+    g.add_argument('--halting-timing-images', type=positive_int, default=1000, help='first images timed')
+    g.add_argument('--halting-repeats', type=positive_int, default=3, help='interleaved timing repeats (median)')

@@ -19,19 +19,14 @@ import sys
 from torch.utils.data import DataLoader
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.analysis.adaptive_halting import threshold_table
-from timm_recursive.cli.adaptive_halting import (
-    add_halting_arguments,
-    check_halting_arguments,
-    measure_halting,
-)
+from timm_recursive.analysis.adaptive_halting import check_halting_arguments, measure_halting, threshold_table
 from timm_recursive.cli.args import (
     DATASET_HELP,
     HelpFormatter,
     add_data_arguments,
     add_device_argument,
+    add_halting_arguments,
     add_model_arguments,
-    dataset_from_arguments,
     default_dataset,
     model_from_arguments,
     non_negative_int,
@@ -41,6 +36,7 @@ from timm_recursive.data import (
     DatasetError,
     collate_classification,
     create_dataset_transform,
+    resolve_dataset_from_options,
 )
 from timm_recursive.runs.checkpoint import CheckpointError
 from timm_recursive.runs.files import DestinationError, check_file_destination, write_results_file
@@ -73,9 +69,9 @@ def load_eval_split(args):
     (e.g. an imagefolder with only val/, such as ImageNet's): it is read as the train split too, and a name the
     dataset lacks is reported as the eval split it is."""
     if args.train_split is not None or args.eval_split is None:
-        return dataset_from_arguments(args)
+        return resolve_dataset_from_options(args)
     try:
-        return dataset_from_arguments(args, train_split=args.eval_split)
+        return resolve_dataset_from_options(args, train_split=args.eval_split)
     except DatasetError as e:
         missing = f'train split {args.eval_split!r} not found'
         if str(e).startswith(missing):

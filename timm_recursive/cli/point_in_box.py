@@ -56,7 +56,6 @@ def measure(args, checkpoints: Dict[str, str]) -> Dict:
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401  registers the models
     from timm_recursive.cli.args import positive_int
-
     from timm_recursive.cli.common import status_of
     parser = argparse.ArgumentParser(description='Point-in-Box: per block, the share of patch attention inside '
                                                  'the object box of the patch, for several ViT backbones')

@@ -9,7 +9,8 @@ import argparse
 import torch
 
 from timm_recursive.analysis.recursion_gradients import latent_gradients, markdown_table
-from timm_recursive.cli.args import add_data_arguments, dataset_from_arguments
+from timm_recursive.cli.args import add_data_arguments
+from timm_recursive.data import resolve_dataset_from_options
 
 
 def main(argv=None) -> int:
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
 
     def measure():
         results = {}
-        splits = dataset_from_arguments(args)
+        splits = resolve_dataset_from_options(args)
         batch = None
         for window in args.windows:
             torch.manual_seed(args.seed)

@@ -14,7 +14,8 @@ from timm_recursive.analysis.recursion_interventions import (
     markdown_table,
     recursion_interventions,
 )
-from timm_recursive.cli.args import add_data_arguments, dataset_from_arguments
+from timm_recursive.cli.args import add_data_arguments
+from timm_recursive.data import resolve_dataset_from_options
 
 
 def _compare(paths: List[str]) -> int:
@@ -58,7 +59,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error('--eval-samples must be at least 2')
 
     def measure():
-        splits = dataset_from_arguments(args)
+        splits = resolve_dataset_from_options(args)
         model = model_from_arguments(args, splits.num_classes)
         batches = labelled_batches(splits.eval, create_dataset_transform(model, splits, False), args.eval_samples)
         return recursion_interventions(model, batches, seed=args.seed)

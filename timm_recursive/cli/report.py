@@ -15,23 +15,20 @@ from timm_recursive.analysis.recursion_trace import (
 __all__ = ['trace_dataset', 'write_report']
 
 from timm_recursive.analysis.report import step_accuracy, trace_dataset, write_report, write_spatial_report
-from timm_recursive.cli.args import add_data_arguments, add_device_argument, dataset_from_arguments
+from timm_recursive.cli.args import add_data_arguments, add_device_argument
+from timm_recursive.data import resolve_dataset_from_options
 
 
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401  registers the models
-    from timm_recursive.cli.adaptive_halting import (
-        add_halting_arguments,
-        check_halting_arguments,
-        measure_halting,
-    )
-    from timm_recursive.cli.args import add_model_arguments, model_from_arguments
-    from timm_recursive.models.recursive_classifier_spatial import SpatialRecursiveClassifier
+    from timm_recursive.analysis.adaptive_halting import check_halting_arguments, measure_halting
+    from timm_recursive.cli.args import add_halting_arguments, add_model_arguments, model_from_arguments
     from timm_recursive.data import (
         DatasetError,
         collate_classification,
         create_dataset_transform,
     )
+    from timm_recursive.models.recursive_classifier_spatial import SpatialRecursiveClassifier
     from timm_recursive.runs import CheckpointError
 
     p = argparse.ArgumentParser(description='Step-by-step report on a recursive classifier (plots + report.md)')
@@ -47,7 +44,7 @@ def main(argv=None) -> int:
     if args.model is None and args.checkpoint is None:
         p.error('give --model (with --pretrained) and/or --checkpoint')
     try:
-        splits = dataset_from_arguments(args)
+        splits = resolve_dataset_from_options(args)
         model = model_from_arguments(args, splits.num_classes)
         trace_name = args.model or model.pretrained_cfg.get('architecture', '')
         model = model.to(args.device).eval()

@@ -1,13 +1,15 @@
 """What the pooled image summary already holds: probes on a recursive classifier's frozen summary.
 
-``timm-recursive summary-probe --checkpoint RUN --dataset fashion_mnist --train-samples 6000 --eval-samples 5000 [--markdown]``
+``timm-recursive summary-probe --checkpoint RUN --dataset fashion_mnist --train-samples 6000 --eval-samples 5000
+[--markdown]``
 
 What it measures and how: ``timm_recursive.analysis.summary_probe``.
 """
 import argparse
 
 from timm_recursive.analysis.summary_probe import markdown_table, summary_probe
-from timm_recursive.cli.args import add_data_arguments, dataset_from_arguments
+from timm_recursive.cli.args import add_data_arguments
+from timm_recursive.data import resolve_dataset_from_options
 
 
 def main(argv=None) -> int:
@@ -34,7 +36,7 @@ def main(argv=None) -> int:
         p.error('probes need trained weights: give --checkpoint, or --model with --pretrained')
 
     def measure():
-        splits = dataset_from_arguments(args)
+        splits = resolve_dataset_from_options(args)
         model = model_from_arguments(args, splits.num_classes)
         transform = create_dataset_transform(model, splits, False)
         train = labelled_batches(splits.train, transform, args.train_samples)

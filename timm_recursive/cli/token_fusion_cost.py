@@ -1,6 +1,7 @@
 """Multiply-accumulates of a (token fusion) ViT forward, the attention and clustering included.
 
-    timm-recursive token-fusion-cost --model deit_s_tokenfuse --budget-gmacs 3.0         --fused-tokens 2 4 > budget.json
+    timm-recursive token-fusion-cost --model deit_s_tokenfuse --budget-gmacs 3.0         --fused-tokens 2 4 >
+    budget.json
 
 What it measures and how: ``timm_recursive.analysis.token_fusion_cost``.
 """

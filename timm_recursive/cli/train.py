@@ -6,17 +6,9 @@
 
 Datasets: anything ``timm_recursive.data.resolve_dataset`` understands (``digits``, Hub ids and
 aliases with an IDX fallback, local folders, timm's ``hfds/``, ``hfids/`` and ``torch/`` names and
-``--data-dir`` folder). Recursive models are trained with deep supervision: the
-loss is ``sum_t w_t CE(logits_t, y) + aux_loss_coef * moe_aux`` with step weights ``w_t`` summing to
-1 (``--step-weighting``: uniform, linear or last), and evaluated at every step.
-
-A run folder holds ``args.json``, ``metrics.jsonl`` (one JSON object per epoch), ``summary.json``,
-``checkpoints/`` (``Accelerator.save_state`` folders written atomically every epoch and on
-SIGINT/SIGTERM, the model and its EMA as timm-named ``model.safetensors``/``model_ema.safetensors``;
-``--resume`` continues from the newest) and ``model/`` (the best weights as ``model.safetensors`` +
-``config.json``, loadable with ``timm.create_model('local-dir:...')``). An ``--output`` that holds a
+``--data-dir`` folder). What a run computes and writes (deep supervision, the run folder, resume):
+``timm_recursive.train.classifier``, which this command calls once per seed. An ``--output`` that holds a
 previous run is never overwritten: without ``--resume`` the run goes to ``OUTPUT-1`` (then ``-2``, ...).
-The run loop is ``timm_recursive.train.run.RunLoop``, shared with ``timm-recursive-train-dino``.
 
 timm's own ``train.py`` names are accepted where they mean the same (``-c/--config`` YAML defaults,
 ``-b``, ``-j``, ``--amp``, ``--img-size``/``--input-size``, ``--drop``, ``--layer-decay``,
@@ -31,21 +23,10 @@ bad input (a value out of range, a ``--model-kwargs`` the model refuses, an imag
 an uninstalled tracker) is one ``error:`` line and exit status 2 before the run folder is created.
 """
 import argparse
-import json
 import logging
-import math
 import os
 import statistics
 import sys
-import time
-
-import torch
-from timm.data import Mixup
-from timm.loss import BinaryCrossEntropy
-from timm.optim import create_optimizer_v2
-from timm.scheduler import create_scheduler_v2
-from timm.utils import ModelEmaV3, dispatch_clip_grad
-from torch.utils.data import DataLoader
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.cli.args import (
@@ -54,7 +35,6 @@ from timm_recursive.cli.args import (
     ModelKwargs,
     add_data_arguments,
     add_run_arguments,
-    dataset_from_arguments,
     non_negative_float,
     non_negative_int,
     parse_args_with_config,
@@ -62,44 +42,13 @@ from timm_recursive.cli.args import (
     unit_interval,
     unit_interval_or_zero,
 )
-from timm_recursive.data import (
-    DatasetError,
-    RepeatAugBatches,
-    collate_classification,
-    create_dataset_transform,
-    SELECTION_FRACTION,
-    resolve_model_data_config,
-    selection_images,
-)
-from timm_recursive.layers import TokenFusionObjective, act_loss, ponder_net_loss
-from timm_recursive.runs import (
-    check_input_size,
-    create_classifier,
-    run_dir_for,
-)
-from timm_recursive.runs.checkpoint import (
-    CheckpointError,
-    load_weights,
-    store_weights_as_timm,
-)
-from timm_recursive.runs.export import export_model
+from timm_recursive.data import SELECTION_FRACTION, DatasetError
+from timm_recursive.runs import run_dir_for
+from timm_recursive.runs.checkpoint import CheckpointError
 from timm_recursive.runs.files import DestinationError, write_json_atomic
-from timm_recursive.runs.provenance import provenance, typed_command
-from timm_recursive.train.evaluate import evaluate_steps
-from timm_recursive.train.losses import (
-    STEP_WEIGHTINGS,
-    StepOutputs,
-    deep_supervision_loss,
-    step_weights,
-)
-from timm_recursive.train.run import RunLoop, SeededSamples
+from timm_recursive.train.classifier import DEFAULT_LR, EVAL_METRICS, TrainingConfigError, train_classifier
+from timm_recursive.train.losses import STEP_WEIGHTINGS
 
-_logger = logging.getLogger('train')
-
-# the run configuration a resumed state must match (anything else, e.g. --epochs, may change)
-RESUME_KEYS = ('model', 'model_kwargs', 'num_classes', 'in_chans', 'input_size', 'dataset', 'data_dir',
-               'dataset_config', 'class_map', 'batch_size', 'grad_accum_steps', 'opt', 'model_ema', 'seed', 'halting',
-               'model_dtype')
 HALTING_OBJECTIVES = ('none', 'ponder_net', 'act')
 AMP_DTYPES = {'float16': 'fp16', 'bfloat16': 'bf16'}
 # timm's resize interpolations (timm.data.transforms.str_to_interp_mode)
@@ -107,9 +56,6 @@ INTERPOLATIONS = ('nearest', 'bilinear', 'bicubic', 'box', 'hamming', 'lanczos')
 MODEL_DTYPES = ('float32', 'bfloat16', 'float16')
 # torch.compile's modes (the inductor backend's; other backends ignore a mode)
 TORCHCOMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')
-# the metrics of evaluate_steps that can pick the best epoch, and whether lower is better
-EVAL_METRICS = {'top1': False, 'top5': False, 'loss': True}
-DEFAULT_LR = 1e-3  # without --lr or --lr-base
 # timm's schedulers that step every update; plateau steps on an eval metric once per epoch
 SCHEDULERS = ('cosine', 'tanh', 'step', 'multistep', 'poly', 'constant', 'wsd', 'rsqrt')
 
@@ -347,388 +293,15 @@ def parse_args(argv=None):
     return args
 
 
-def input_size_override(args):
-    """``(in_chans or None, (H, W))`` from ``--input-size`` / ``--img-size``, or None when neither is given."""
-    if args.input_size is not None:
-        chans, height, width = args.input_size
-        if args.in_chans is not None and args.in_chans != chans:
-            raise CheckpointError(f'--in-chans {args.in_chans} contradicts --input-size {chans} {height} {width}')
-        return chans, (height, width)
-    return (args.in_chans, (args.img_size, args.img_size)) if args.img_size is not None else None
-
-
-def architecture_kwargs(args) -> dict:
-    """``--model-kwargs`` plus ``--gp`` (``global_pool``) and the image size that a model built for one size
-    (a ViT) must be built for under ``--input-size``/``--img-size``: what rebuilds the architecture
-    (recorded in ``args.json``)."""
-    import timm
-    kwargs = dict(args.model_kwargs)
-    if args.gp is not None:
-        kwargs['global_pool'] = args.gp
-    if args.halting != 'none':
-        kwargs['halting_head'] = True
-    override = input_size_override(args)
-    cfg = timm.models.get_pretrained_cfg(args.model) if timm.is_model(args.model.split('.')[0]) else None
-    if override is not None and cfg is not None and cfg.fixed_input_size:
-        kwargs.setdefault('img_size', list(override[1]))
-    return kwargs
-
-
-def create_model(args, num_classes: int):
-    """The model of ``--model`` and its input channels (default: its pretrained config's).
-
-    ``--input-size``/``--img-size`` replace the input size of the model's pretrained config (which the
-    data transforms and the exported ``config.json`` read), and ``--interpolation``, ``--crop-pct``,
-    ``--mean``, ``--std`` its data config (timm's ``resolve_data_config`` overrides); a model built for
-    one size (a ViT) is built for the new one. ``--pretrained-path`` is the pretrained weights (timm's
-    ``pretrained_cfg_overlay``), ``--initial-checkpoint`` weights loaded strictly over them, ``--model-dtype``
-    the weights' dtype.
-    """
-    kwargs = architecture_kwargs(args)
-    for option, name in (('drop', 'drop_rate'), ('drop_path', 'drop_path_rate')):
-        if getattr(args, option) is not None:
-            kwargs[name] = getattr(args, option)
-    for option in ('pretrained_path', 'initial_checkpoint'):
-        path = getattr(args, option)
-        if path and not os.path.exists(path):
-            raise CheckpointError(f'--{option.replace("_", "-")} {path} does not exist')
-    if args.pretrained_path:
-        # as timm's train.py: the file replaces the config's source, num_classes=-1 drops its classifier
-        kwargs['pretrained_cfg_overlay'] = dict(file=args.pretrained_path, num_classes=-1)
-    override = input_size_override(args)
-    in_chans = args.in_chans if override is None else override[0]
-    model = create_classifier(args.model, num_classes, pretrained=args.pretrained, in_chans=in_chans, **kwargs)
-    if args.initial_checkpoint:
-        load_weights(model, initial_weights_file(args.initial_checkpoint))
-    in_chans = int(model.pretrained_cfg.get('input_size', (3,))[0]) if in_chans is None else in_chans
-    if override is not None:
-        model.pretrained_cfg = {**model.pretrained_cfg, 'input_size': (in_chans, *override[1])}
-    data_overrides = dict(interpolation=args.interpolation, crop_pct=args.crop_pct,
-                          mean=args.mean and tuple(args.mean), std=args.std and tuple(args.std))
-    model.pretrained_cfg = {**model.pretrained_cfg, **{k: v for k, v in data_overrides.items() if v is not None}}
-    check_input_size(model, resolve_model_data_config(model)['input_size'])  # the size the transforms give
-    if args.grad_checkpointing:
-        model.set_grad_checkpointing(True)
-    if args.model_dtype is not None:
-        model.to(dtype=getattr(torch, args.model_dtype))
-    return model, in_chans
-
-
-def initial_weights_file(path: str) -> str:
-    """The weights ``--initial-checkpoint`` names: a file, or in a state or export folder its EMA weights
-    when it holds them (as timm's ``load_checkpoint`` prefers a checkpoint's EMA), else its model weights."""
-    if not os.path.isdir(path):
-        return path
-    ema = os.path.join(path, 'model_ema.safetensors')
-    return ema if os.path.isfile(ema) else os.path.join(path, 'model.safetensors')
-
-
-def learning_rate(args, num_processes: int) -> float:
-    """``--lr``; without it timm's rule, ``--lr-base`` times the global batch over ``--lr-base-size``
-    (its square root under ``--lr-base-scale sqrt``, by default for the Ada* and LAMB optimizers); without
-    either ``DEFAULT_LR``."""
-    if args.lr is not None:
-        return args.lr
-    if args.lr_base is None:
-        return DEFAULT_LR
-    ratio = args.batch_size * args.grad_accum_steps * num_processes / args.lr_base_size
-    scale = args.lr_base_scale or ('sqrt' if any(name in args.opt.lower() for name in ('ada', 'lamb')) else 'linear')
-    return args.lr_base * (ratio ** 0.5 if scale == 'sqrt' else ratio)
-
-
-def sync_batchnorm(model, accelerator, log):
-    """``--sync-bn``: the model's BatchNorm layers as ``SyncBatchNorm`` when several processes train, as timm's
-    train.py converts them only when distributed (one process has no statistics to share)."""
-    if accelerator.num_processes == 1:
-        log('--sync-bn: one process, BatchNorm left as it is')
-        return model
-    if accelerator.device.type != 'cuda':
-        raise CheckpointError(f'--sync-bn: SyncBatchNorm runs on GPUs, not {accelerator.device.type}')
-    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-
-
-def train_transform_kwargs(args) -> dict:
-    """The training augmentation options, as ``timm.data.create_transform`` takes them."""
-    kwargs = dict(scale=tuple(args.scale), ratio=tuple(args.ratio), hflip=args.hflip, auto_augment=args.aa,
-                  color_jitter=args.color_jitter, re_prob=args.reprob, re_mode=args.remode, re_count=args.recount,
-                  crop_padding=args.crop_padding)
-    if args.train_interpolation is not None:
-        kwargs['interpolation'] = args.train_interpolation
-    return kwargs
-
-
-def tracker_values(values: dict) -> dict:
-    """``values`` as trackers take them: numbers and strings, lists spread into one key per element."""
-    flat = {}
-    for key, value in values.items():
-        if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
-            flat.update({f'{key}/{i + 1}': v for i, v in enumerate(value)})
-        elif isinstance(value, (int, float, str, bool)):
-            flat[key] = value
-        elif value is not None:
-            flat[key] = json.dumps(value)
-    return flat
-
-
-def load_splits(args):
-    splits = dataset_from_arguments(args, num_classes=args.num_classes,
-                                    streamed_rows=(args.max_train_samples, args.max_eval_samples))
-    selection = None
-    if args.val_fraction > 0:
-        try:
-            splits.train, selection = selection_images(splits, args.val_fraction, args.max_selection_samples)
-        except DatasetError as e:
-            raise DatasetError(f'--val-fraction: {e}, or select on the eval split with --val-fraction 0') from None
-    if args.max_train_samples:
-        splits.train = splits.train.select(range(min(args.max_train_samples, len(splits.train))))
-    if args.max_eval_samples:
-        splits.eval = splits.eval.select(range(min(args.max_eval_samples, len(splits.eval))))
-    return splits, selection
-
-
-def selection_split(val_fraction: float, eval_split: str) -> str:
-    """Which images chose the exported epoch, as ``summary.json``'s ``selection_split`` names them."""
-    return f'train holdout {100 * val_fraction:g}%' if val_fraction > 0 else eval_split
-
-
-def _epoch_record(history, best):
-    return next((r for r in history if best is not None and r['epoch'] == best['epoch']), None)
-
-
-def _test_figures(record: dict) -> dict:
-    return {'epoch': record['epoch'], 'top1': record['eval_top1'], 'top5': record['eval_top5'],
-            'loss': record['eval_loss'], 'top1_per_step': record['eval_top1_per_step']}
-
-
 def format_summary(rows, num_steps: int) -> str:
     """Table of per-step top-1 accuracy, one row per (name, result)."""
-    shown = list(range(num_steps)) if num_steps <= 16 else list(range(0, num_steps, max(1, num_steps // 8))) + [num_steps - 1]
+    # up to 16 steps all shown; more: every (num_steps // 8)-th, and the last once
+    shown = list(range(num_steps)) if num_steps <= 16 else sorted({*range(0, num_steps, num_steps // 8), num_steps - 1})
     head = f'{"":<16}' + ''.join(f'{"t=" + str(t + 1):>8}' for t in shown)
     lines = [head]
     for name, top1 in rows:
         lines.append(f'{name:<16}' + ''.join(f'{top1[t]:>8.2f}' for t in shown))
     return '\n'.join(lines)
-
-
-def train_one_seed(args, seed: int, run_dir: str, argv=None) -> dict:
-    from accelerate import Accelerator, DistributedDataParallelKwargs
-    from accelerate.utils import set_seed
-
-    accelerator = Accelerator(
-        mixed_precision=args.mixed_precision, gradient_accumulation_steps=args.grad_accum_steps,
-        log_with=args.log_with, project_dir=run_dir,
-        # experts that receive no token in a batch get no gradient: DDP must tolerate unused parameters
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-    main = accelerator.is_main_process
-    log = _logger.info if main else _logger.debug
-    if args.aug_repeats and accelerator.num_processes == 1:
-        # timm's create_loader refuses it too: the repeats of an image are meant for different processes
-        raise DatasetError('--aug-repeats needs several processes (accelerate launch --num_processes N), as in timm')
-    run_config = {k: getattr(args, k) for k in vars(args)} | {'seed': seed}
-    run_config['model_kwargs'] = architecture_kwargs(args)
-    run_config['lr'] = lr = learning_rate(args, accelerator.num_processes)
-    run_config['command'] = typed_command('timm-recursive-train', argv)
-    loop = RunLoop(accelerator, run_dir, run_config, RESUME_KEYS, seed=seed, epochs=args.epochs,
-                   keep_states=args.keep_states, resume=args.resume, progress=not args.no_progress,
-                   log_interval=args.log_interval)
-
-    set_seed(seed)
-    splits, selection = load_splits(args)
-    for note in splits.notes:
-        log(note)
-    num_classes = splits.num_classes
-    run_config['num_classes'] = num_classes
-    model, run_config['in_chans'] = create_model(args, num_classes)
-    if args.sync_bn:
-        model = sync_batchnorm(model, accelerator, log)
-    override = input_size_override(args)
-    run_config['input_size'] = [run_config['in_chans'], *override[1]] if override else None
-    train_tf = create_dataset_transform(model, splits, is_training=not args.no_aug,
-                                        **({} if args.no_aug else train_transform_kwargs(args)))
-    eval_tf = create_dataset_transform(model, splits, is_training=False)
-    train_ds = SeededSamples(splits.train, train_tf, seed)
-    eval_ds = splits.eval.with_transform(eval_tf)
-    select_ds = selection.with_transform(eval_tf) if selection is not None else None
-    loader_kw = dict(collate_fn=collate_classification, num_workers=args.workers)  # workers see set_epoch
-    shuffle_generator = torch.Generator()
-    if args.aug_repeats:  # timm's order, keyed to the epoch; the shuffle generator is then unused
-        train_loader = DataLoader(train_ds, batch_size=args.batch_size, drop_last=True, sampler=RepeatAugBatches(
-            train_ds, accelerator.num_processes, args.batch_size, args.aug_repeats), **loader_kw)
-    else:
-        train_loader = DataLoader(
-            train_ds, batch_size=args.batch_size, shuffle=True, generator=shuffle_generator,
-            drop_last=len(train_ds) >= args.batch_size * accelerator.num_processes, **loader_kw)
-    eval_loader = DataLoader(eval_ds, batch_size=args.eval_batch_size, **loader_kw)
-    select_loader = DataLoader(select_ds, batch_size=args.eval_batch_size, **loader_kw) if select_ds is not None else None
-
-    fusion_objective = None
-    if args.fusion_imp_weight or args.fusion_div_weight or args.fusion_ratio_weight:
-        try:
-            fusion_objective = TokenFusionObjective(
-                model, args.fusion_imp_weight, args.fusion_div_weight, args.fusion_ratio_weight)
-        except ValueError as e:
-            raise CheckpointError(f'--fusion-imp-weight/--fusion-div-weight/--fusion-ratio-weight: {e}') from e
-    net = StepOutputs(model)
-    if args.torchcompile:
-        # in place: state dict keys (and saved states) unchanged
-        net.compile(backend=args.torchcompile, mode=args.torchcompile_mode)
-    optimizer_kwargs = dict(opt=args.opt, lr=lr, weight_decay=args.weight_decay, momentum=args.momentum,
-                            layer_decay=args.layer_decay)
-    optimizer_kwargs.update({name: value for name, value in (('eps', args.opt_eps), ('betas', args.opt_betas))
-                             if value is not None})
-    optimizer_kwargs.update(args.opt_kwargs)  # last, as in timm's optimizer_kwargs()
-    try:
-        optimizer = create_optimizer_v2(model, **optimizer_kwargs)
-    except (TypeError, ValueError) as e:  # an unknown --opt, an argument the optimizer refuses
-        raise CheckpointError(f'cannot create optimizer {args.opt}: {type(e).__name__}: {e} '
-                              f'(check --opt and --opt-kwargs)') from e
-    net, optimizer, train_loader, eval_loader = accelerator.prepare(net, optimizer, train_loader, eval_loader)
-    if select_loader is not None:
-        select_loader = accelerator.prepare(select_loader)
-    store_weights_as_timm(accelerator, lambda m: m.model if isinstance(m, StepOutputs) else None)
-    updates_per_epoch = max(1, len(train_loader) // args.grad_accum_steps)
-    # the epochs to train, as timm's train.py: cosine/tanh/poly add --cooldown-epochs to --epochs
-    scheduler, loop.epochs = create_scheduler_v2(
-        optimizer, sched=args.sched, num_epochs=args.epochs, warmup_epochs=args.warmup_epochs,
-        warmup_lr=args.warmup_lr, min_lr=args.min_lr, decay_epochs=args.decay_epochs, decay_rate=args.decay_rate,
-        cooldown_epochs=args.cooldown_epochs, step_on_epochs=not args.sched_on_updates,
-        updates_per_epoch=updates_per_epoch)
-    ema = None
-    if args.model_ema:
-        ema = ModelEmaV3(accelerator.unwrap_model(net).model, decay=args.model_ema_decay,
-                         use_warmup=args.model_ema_warmup)
-        loop.modules['model_ema.safetensors'] = ema.module
-    ema_net = StepOutputs(ema.module) if ema is not None else None
-
-    mixup = None
-    if args.mixup > 0 or args.cutmix > 0:
-        mixup = Mixup(mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, prob=args.mixup_prob,
-                      switch_prob=args.mixup_switch_prob, mode=args.mixup_mode,
-                      label_smoothing=args.label_smoothing, num_classes=num_classes)
-    num_steps = accelerator.unwrap_model(net).num_steps
-    weights = step_weights(num_steps, args.step_weighting)
-    bce = None
-    if args.bce_loss:  # timm's: it smooths index targets itself, takes Mixup's soft targets as they are
-        bce = BinaryCrossEntropy(smoothing=args.label_smoothing, target_threshold=args.bce_target_thresh,
-                                 sum_classes=args.bce_sum, pos_weight=args.bce_pos_weight).to(accelerator.device)
-
-    best = loop.resume().get('best')
-    if args.log_with:
-        accelerator.init_trackers(args.log_project, config=tracker_values(run_config))
-
-    def train_step(batch, epoch: int, step: int):
-        x, target = batch['pixel_values'], batch['label']
-        if args.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        if mixup is not None and args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
-            mixup.mixup_enabled = False  # as timm's train.py: plain labels (still smoothed) from then on
-        if mixup is not None and mixup.mixup_enabled:
-            x, target = mixup(x, target)
-        values = {}
-        smoothing = 0. if mixup is not None and mixup.mixup_enabled else args.label_smoothing  # Mixup smooths
-        with accelerator.accumulate(net):
-            if args.halting == 'none':
-                step_logits, aux = net(x)
-                ce = deep_supervision_loss(step_logits, target, weights, label_smoothing=smoothing, loss_fn=bce)
-            else:
-                step_logits, aux, halting_logits = net(x, halting=True)
-                if args.halting == 'ponder_net':
-                    ce, _, values['halting_kl'] = ponder_net_loss(
-                        step_logits, halting_logits, target, args.halting_lambda_p, args.halting_beta, smoothing)
-                else:
-                    ce, _, values['ponder_cost'] = act_loss(
-                        step_logits, halting_logits, target, args.halting_tau, args.halting_epsilon, smoothing)
-                values = {k: v.item() for k, v in values.items()}
-            loss = ce + args.aux_loss_coef * aux.float()
-            if fusion_objective is not None:
-                fusion_loss, _ = fusion_objective()
-                loss = loss + fusion_loss
-                values['fusion_loss'] = fusion_loss.item()
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f'loss is {loss.item()} at epoch {epoch + 1}, step {step}')
-            accelerator.backward(loss)
-            if accelerator.sync_gradients:
-                # the norm before clipping is logged either way (clip_grad_norm_ also unscales fp16 gradients)
-                norm_limit = args.clip_grad if args.clip_grad and args.clip_mode == 'norm' else math.inf
-                values['grad_norm'] = float(accelerator.clip_grad_norm_(net.parameters(), norm_limit))
-                if args.clip_grad and args.clip_mode != 'norm':
-                    dispatch_clip_grad(net.parameters(), args.clip_grad, mode=args.clip_mode)
-            optimizer.step()
-            optimizer.zero_grad()
-        if accelerator.sync_gradients:
-            # updates so far: one per accumulation window, the epoch's last (maybe partial) window included
-            num_updates = epoch * updates_per_epoch + math.ceil((step + 1) / args.grad_accum_steps)
-            scheduler.step_update(num_updates)
-            if ema is not None:
-                ema.update(accelerator.unwrap_model(net).model, step=num_updates)
-        return x.shape[0], {'loss': loss.item(), 'ce': ce.item(), 'aux': aux.item(), **values}
-
-    export_dir = os.path.join(run_dir, 'model')
-    run_start = time.perf_counter()
-    label_names = splits.class_names if splits.class_names and len(splits.class_names) == num_classes else None
-    selection_key = f'selection_{args.eval_metric}'
-    lower_is_better = EVAL_METRICS[args.eval_metric]
-
-    def end_epoch(epoch: int, meter) -> dict:
-        nonlocal best
-        scheduler.step(epoch + 1)
-        eval_net = ema_net if ema_net is not None else net
-        result = evaluate_steps(eval_net, eval_loader, accelerator, progress=not args.no_progress)
-        selected = evaluate_steps(eval_net, select_loader, accelerator) if select_loader is not None else result
-        record = {
-            'epoch': epoch + 1,
-            'train_loss': meter.mean('loss'), 'train_ce': meter.mean('ce'), 'train_aux': meter.mean('aux'),
-            'train_fusion_loss': meter.mean('fusion_loss'), 'lr': optimizer.param_groups[0]['lr'],
-            **{f'train_{term}': meter.mean(term) for term in ('halting_kl', 'ponder_cost') if term in meter.means()},
-            'grad_norm_mean': meter.mean('grad_norm', None), 'grad_norm_max': meter.max('grad_norm'),
-            'train_images_per_s': meter.images_per_s,
-            'eval_loss': result['loss'], 'eval_top1': result['top1'][-1], 'eval_top5': result['top5'][-1],
-            'eval_top1_per_step': result['top1'], 'eval_top5_per_step': result['top5'],
-            'eval_first_to_last': result['first_to_last'], 'eval_images_per_s': result['images_per_s'],
-            'selection_top1': selected['top1'][-1], 'selection_top5': selected['top5'][-1],
-            'selection_loss': selected['loss'], 'selection_top1_per_step': selected['top1'],
-        }
-        if args.log_with:
-            accelerator.log(tracker_values(record), step=epoch + 1)
-        # a run resumed under another --eval-metric has no best of that metric yet
-        value = record[selection_key]
-        is_best = best is None or selection_key not in best or (
-            value < best[selection_key] if lower_is_better else value > best[selection_key])
-        if is_best:
-            best = {k: record[k] for k in ('epoch', selection_key, 'selection_top1_per_step', 'eval_top1',
-                                           'eval_top1_per_step')}
-            if main:
-                export_model(ema.module if ema is not None else accelerator.unwrap_model(net).model, export_dir,
-                             label_names=label_names)
-        log(f'epoch {epoch + 1}: train loss {record["train_loss"]:.4f} (grad norm mean '
-            f'{record["grad_norm_mean"]:.2f}, max {record["grad_norm_max"]:.2f}), eval top-1 {record["eval_top1"]:.2f}% '
-            f'(step 1: {result["top1"][0]:.2f}%), top-5 {record["eval_top5"]:.2f}%, '
-            f'{record["train_images_per_s"]:.0f} img/s' + (' *best*' if is_best else ''))
-        return record
-
-    net.train()
-    stopped_at = loop.run(train_loader, shuffle_generator, train_step, end_epoch, lambda: {'best': best})
-    if stopped_at is not None:
-        return {'interrupted': True, 'state': stopped_at}
-
-    final = loop.history[-1] if loop.history else None
-    summary = {
-        **provenance(run_config['command'], accelerator, checkout=loop.session), 'sessions': loop.sessions,
-        'model': args.model, 'model_kwargs': run_config['model_kwargs'], 'dataset': args.dataset, 'seed': seed,
-        'num_processes': accelerator.num_processes, 'mixed_precision': args.mixed_precision,
-        'train_images': len(train_ds), 'selection_images': len(select_ds) if select_ds is not None else 0,
-        'eval_images': len(eval_ds), 'eval_split': splits.eval_split, 'eval_fraction': splits.eval_fraction,
-        'class_names': label_names,
-        'dataset_source': splits.source, 'num_classes': num_classes, 'num_steps': num_steps,
-        'epochs': loop.epochs, 'final': final, 'best': best, 'export_dir': export_dir,
-        'selection_split': selection_split(args.val_fraction, splits.eval_split), 'eval_metric': args.eval_metric,
-        # the eval split's figures of the exported model (the selected epoch) and of the last epoch, apart
-        'test': {name: _test_figures(record) for name, record in
-                 (('exported', _epoch_record(loop.history, best)), ('last', final)) if record is not None},
-        'wall_time_s': final['wall_time_s'] if final else 0., 'this_session_s': time.perf_counter() - run_start,
-    }
-    loop.finish(summary)
-    return summary
 
 
 def report(summaries, num_steps: int) -> str:
@@ -760,11 +333,11 @@ def main(argv=None) -> int:
         args.output = run_dir_for(args.output, args.resume)
         for seed in args.seeds:
             run_dir = args.output if len(args.seeds) == 1 else os.path.join(args.output, f'seed{seed}')
-            summary = train_one_seed(args, seed, run_dir, argv)
+            summary = train_classifier(args, seed, run_dir, argv)
             if summary.get('interrupted'):
                 return 130
             summaries.append(summary)
-    except (DatasetError, CheckpointError, DestinationError) as e:
+    except (DatasetError, CheckpointError, DestinationError, TrainingConfigError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2
     from accelerate import PartialState

@@ -44,16 +44,16 @@ from .dense import (
     to_mask_array,
 )
 from .errors import DatasetError
-from .folders import DATASET_FOLDER_LAYOUT, check_dataset_folder
+from .folders import DATASET_FOLDER_LAYOUT, check_dataset_folder, resolve_dataset_from_options
 from .idx import IDX_CLASS_NAMES, IDX_DIRS, read_idx
 from .samplers import RepeatAugBatches
 from .sources import (
     DATASET_ALIASES,
     IMAGE_COLUMNS,
     LABEL_COLUMNS,
+    SELECTION_FRACTION,
     TIMM_PREFIXES,
     UNSUPPORTED_TIMM_PREFIXES,
-    SELECTION_FRACTION,
     DatasetSplits,
     hold_out,
     load_class_map,
@@ -78,7 +78,7 @@ __all__ = [
     'image_mode', 'to_pil',
     'SegmentationSplits', 'resolve_segmentation_dataset', 'to_mask_array', 'split_dataset_prefix', 'load_class_map',
     'RepeatAugBatches', 'TORCHVISION_SEGMENTATION', 'cityscapes_train_ids', 'DepthSplits', 'resolve_depth_dataset',
-    'to_depth_array', 'check_dataset_folder', 'DATASET_FOLDER_LAYOUT',
+    'to_depth_array', 'check_dataset_folder', 'resolve_dataset_from_options', 'DATASET_FOLDER_LAYOUT',
     # public before too, and imported by name elsewhere (quiet_channel_warnings, IMAGE_COLUMNS)
     'quiet_channel_warnings', 'IMAGE_COLUMNS', 'LABEL_COLUMNS', 'IDX_CLASS_NAMES', 'TIMM_PREFIXES',
     'UNSUPPORTED_TIMM_PREFIXES', 'MASK_COLUMNS', 'DEPTH_COLUMNS', 'SEGMENTATION_IGNORE_INDEX', 'DEPTH_IMAGE_MODES',

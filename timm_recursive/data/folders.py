@@ -6,7 +6,7 @@ from typing import Optional
 
 from .errors import DatasetError
 from .idx import _has_idx
-from .sources import split_dataset_prefix
+from .sources import DatasetSplits, resolve_dataset, split_dataset_prefix
 
 __all__ = ['check_dataset_folder', 'DATASET_FOLDER_LAYOUT']
 
@@ -55,3 +55,17 @@ def check_dataset_folder(name, data_dir: Optional[str] = None) -> None:
         return
     what = 'is empty' if not any(True for _ in os.scandir(folder)) else 'holds no images'
     raise DatasetError(f'{option} {folder} {what}: expected {DATASET_FOLDER_LAYOUT}')
+
+
+def resolve_dataset_from_options(options, **kwargs) -> DatasetSplits:
+    """``resolve_dataset`` of the dataset the commands' data options name (``options``: an object with their
+    attributes ``dataset``, ``data_dir``, ``dataset_config``, ``dataset_download``, ``class_map``, ``image_column``,
+    ``label_column``, ``train_split``, ``eval_split``, ``eval_fraction``); ``kwargs`` add to them or replace them.
+    A local folder without anything a dataset is made of is refused first (``check_dataset_folder``), with a
+    message that says what was expected, rather than the datasets library's."""
+    check_dataset_folder(options.dataset, options.data_dir)
+    named = dict(image_column=options.image_column, label_column=options.label_column,
+                 train_split=options.train_split, eval_split=options.eval_split, eval_fraction=options.eval_fraction,
+                 data_dir=options.data_dir, dataset_config=options.dataset_config, download=options.dataset_download,
+                 class_map=options.class_map)
+    return resolve_dataset(options.dataset, **{**named, **kwargs})

@@ -14,7 +14,7 @@ import numpy as np
 from timm.data import create_dataset
 from timm.data.readers.class_map import load_class_map as timm_load_class_map
 
-from timm_recursive.models.offline import go_offline_if_hub_unreachable
+from timm_recursive.models._hub import go_offline_if_hub_unreachable
 
 from .errors import DatasetError, _first_line
 from .idx import (

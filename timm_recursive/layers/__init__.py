@@ -17,21 +17,69 @@ One building block per file, no model code. Conventions shared by the layers:
   needs more than one Tensor, a typed no-op module instead (``TokenFusion.reduction``, a
   ``ReductionPoint``, called with a reduction's inputs and record).
 """
+from .adaptive_halting import HaltingHead, act_loss, act_weights, geometric_prior, halting_distribution, ponder_net_loss
+from .attention_projections import ProjectedAttention
+from .entmax_attention import EntmaxAttention, attention_probs, convert_to_entmax
+from .entmax_ops import entmax, entmax15, entmax_bisect
+from .memory_attention import MemoryAttention, MemorySparseAttention
 from .mixture_of_experts import MixtureOfExperts, expert_counts, load_balancing_loss, router_z_loss
 from .sparse_attention import DynamicSparseAttention, attention_map, sparse_attention_sparsity
-from .memory_attention import MemoryAttention, MemorySparseAttention
-from .adaptive_halting import (
-    HaltingHead, act_loss, act_weights, geometric_prior, halting_distribution, ponder_net_loss)
-from .entmax_ops import entmax, entmax15, entmax_bisect
-from .entmax_attention import EntmaxAttention, attention_probs, convert_to_entmax
-from .attention_projections import ProjectedAttention
-from .token_specialization import PrefixSpecialized, SPECIALIZABLE_LAYERS, convert_to_token_specialized
 from .token_fusion import (
-    DEFAULT_IMPORTANCE_SCORE, FUSION_MODES, IMPORTANCE_SCORES, clustering_macs, cls_importance, density_peak_clusters,
-    fuse_tokens, fusion_objective_terms, fusion_output_counts, gumbel_keep_mask, keep_mask_softmax, num_kept,
-    ratio_loss, split_by_importance, token_sources, weighted_cluster_means, TOME_MODE, R_SCHEDULES, tome_r_schedule,
-    num_merged, bipartite_soft_matching, merge_by_size, merge_tokens, merging_macs, fused_sizes)
+    DEFAULT_IMPORTANCE_SCORE,
+    FUSION_MODES,
+    IMPORTANCE_SCORES,
+    R_SCHEDULES,
+    TOME_MODE,
+    bipartite_soft_matching,
+    cls_importance,
+    clustering_macs,
+    density_peak_clusters,
+    fuse_tokens,
+    fused_sizes,
+    fusion_objective_terms,
+    fusion_output_counts,
+    gumbel_keep_mask,
+    keep_mask_softmax,
+    merge_by_size,
+    merge_tokens,
+    merging_macs,
+    num_kept,
+    num_merged,
+    ratio_loss,
+    split_by_importance,
+    token_sources,
+    tome_r_schedule,
+    weighted_cluster_means,
+)
 from .token_fusion_patch import (
-    ClsRowAttention, KeepMaskedBlocks, KeepPredictor, ReductionPoint, TokenFusion, TokenFusionBlock,
-    TokenFusionObjective, apply_token_fusion, record_token_fusion, TokenMerging, TokenMergingBlock, ProportionalBlock,
-    ProportionalTokenFusionBlock, SizedBlocks, block_token_counts)
+    ClsRowAttention,
+    KeepMaskedBlocks,
+    KeepPredictor,
+    ProportionalBlock,
+    ProportionalTokenFusionBlock,
+    ReductionPoint,
+    SizedBlocks,
+    TokenFusion,
+    TokenFusionBlock,
+    TokenFusionObjective,
+    TokenMerging,
+    TokenMergingBlock,
+    apply_token_fusion,
+    block_token_counts,
+    record_token_fusion,
+)
+from .token_specialization import SPECIALIZABLE_LAYERS, PrefixSpecialized, convert_to_token_specialized
+
+__all__ = ['HaltingHead', 'act_loss', 'act_weights', 'geometric_prior', 'halting_distribution', 'ponder_net_loss',
+    'ProjectedAttention', 'EntmaxAttention', 'attention_probs', 'convert_to_entmax', 'entmax', 'entmax15',
+    'entmax_bisect', 'MemoryAttention', 'MemorySparseAttention', 'MixtureOfExperts', 'expert_counts',
+    'load_balancing_loss', 'router_z_loss', 'DynamicSparseAttention', 'attention_map', 'sparse_attention_sparsity',
+    'DEFAULT_IMPORTANCE_SCORE', 'FUSION_MODES', 'IMPORTANCE_SCORES', 'R_SCHEDULES', 'TOME_MODE',
+    'bipartite_soft_matching', 'cls_importance', 'clustering_macs', 'density_peak_clusters', 'fuse_tokens',
+    'fused_sizes', 'fusion_objective_terms', 'fusion_output_counts', 'gumbel_keep_mask', 'keep_mask_softmax',
+    'merge_by_size', 'merge_tokens', 'merging_macs', 'num_kept', 'num_merged', 'ratio_loss', 'split_by_importance',
+    'token_sources', 'tome_r_schedule', 'weighted_cluster_means', 'ClsRowAttention', 'KeepMaskedBlocks',
+    'KeepPredictor', 'ProportionalBlock', 'ProportionalTokenFusionBlock', 'ReductionPoint', 'SizedBlocks',
+    'TokenFusion', 'TokenFusionBlock', 'TokenFusionObjective', 'TokenMerging', 'TokenMergingBlock',
+    'apply_token_fusion', 'block_token_counts', 'record_token_fusion', 'SPECIALIZABLE_LAYERS', 'PrefixSpecialized',
+    'convert_to_token_specialized']

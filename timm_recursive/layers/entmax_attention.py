@@ -28,15 +28,15 @@ import warnings
 from typing import Callable, Optional
 
 import torch
-from torch import nn
-from torch.nn import functional as F
 from timm.layers import Attention, register_notrace_function
 from timm.layers.attention import maybe_add_mask, resolve_self_attn_mask
+from torch import nn
+from torch.nn import functional as F
 
 from .attention_projections import ProjectedAttention
 from .entmax_kernel import kernel_mode
-from .graph_capture import is_graph_capture
 from .entmax_ops import entmax
+from .graph_capture import is_graph_capture
 
 __all__ = ['EntmaxAttention', 'attention_probs', 'convert_to_entmax', 'adasplash_kernel', 'uses_adasplash',
            'adasplash_attention', 'ADASPLASH_HEAD_DIMS']

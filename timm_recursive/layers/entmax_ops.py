@@ -2,7 +2,8 @@
 
 alpha-entmax is defined by Peters, Niculae & Martins (2019, "Sparse Sequence-to-Sequence Models"),
 sparsemax by Martins & Astudillo (2016, "From Softmax to Sparsemax: A Sparse Model of Attention and
-Multi-Label Classification"). ``entmax(x, alpha)`` is ``argmax_p <p, x> + H_alpha(p)`` over the simplex, with the Tsallis entropy
+Multi-Label Classification"). ``entmax(x, alpha)`` is ``argmax_p <p, x> + H_alpha(p)`` over the simplex, with the
+Tsallis entropy
 ``H_alpha``. Its solution is ``p_i = [(alpha - 1) x_i - tau]_+ ^ (1 / (alpha - 1))`` for the threshold
 ``tau`` that makes ``p`` sum to 1; scores below the threshold get an exact zero.
 

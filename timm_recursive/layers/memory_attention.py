@@ -55,8 +55,8 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from timm.layers import register_notrace_module, use_fused_attn
+from torch import nn
 
 from .sparse_attention import DynamicSparseAttention, _softmax_short_rows
 

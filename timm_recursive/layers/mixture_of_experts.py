@@ -24,8 +24,8 @@ sort, the same outputs (up to the order of the floating-point sum) and the same 
 from typing import List, Optional, Tuple, Type
 
 import torch
-from torch import nn
 from timm.layers import Mlp, register_notrace_module, trunc_normal_
+from torch import nn
 
 from .graph_capture import is_graph_capture
 

@@ -30,8 +30,8 @@ two into a full (B, L, heads, L) map.
 from typing import Optional, Tuple
 
 import torch
-from torch import nn
 from timm.layers import register_notrace_module
+from torch import nn
 
 __all__ = ['DynamicSparseAttention', 'attention_map', 'sparse_attention_sparsity']
 

@@ -30,16 +30,28 @@ import contextlib
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
-from torch import nn
-from torch.nn import functional as F
 from timm.layers import Attention, register_notrace_module, trunc_normal_
 from timm.models.vision_transformer import Block, VisionTransformer
+from torch import nn
+from torch.nn import functional as F
 
 from .attention_projections import ProjectedAttention
 from .token_fusion import (
-    DEFAULT_IMPORTANCE_SCORE, FUSION_MODES, IMPORTANCE_SCORES, TOME_MODE, cls_importance, fuse_tokens,
-    fused_sizes, fusion_objective_terms, fusion_output_counts, gumbel_keep_mask, keep_mask_softmax, merge_tokens,
-    num_merged, tome_r_schedule)
+    DEFAULT_IMPORTANCE_SCORE,
+    FUSION_MODES,
+    IMPORTANCE_SCORES,
+    TOME_MODE,
+    cls_importance,
+    fuse_tokens,
+    fused_sizes,
+    fusion_objective_terms,
+    fusion_output_counts,
+    gumbel_keep_mask,
+    keep_mask_softmax,
+    merge_tokens,
+    num_merged,
+    tome_r_schedule,
+)
 
 __all__ = [
     'ClsRowAttention', 'ReductionPoint', 'KeepPredictor', 'TokenFusion', 'TokenFusionBlock', 'KeepMaskedBlocks',

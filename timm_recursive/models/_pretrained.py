@@ -21,7 +21,7 @@ from typing import Dict, Iterator
 
 from timm.models import get_pretrained_cfg
 
-from .offline import go_offline_if_hub_unreachable
+from ._hub import go_offline_if_hub_unreachable
 
 __all__ = ['HUB_ORG', 'PROJECT_URL', 'PUBLISHED_TAGS', 'DATASET_TAGS', 'TRAIN_COMMAND', 'pretrained_errors',
            'pretrained_source', 'train_command']
@@ -60,7 +60,11 @@ def train_command(variant: str, tag: str) -> str:
 def _never_published(error: Exception, cfg: Dict) -> bool:
     """Whether a failed load means the weights do not exist, rather than that they could not be reached or read."""
     from huggingface_hub.errors import (
-        EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError)
+        EntryNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
     if cfg.get('file') or not cfg.get('hf_hub_id'):
         return False
     if isinstance(error, LocalEntryNotFoundError):  # offline or not cached: only our own list can tell

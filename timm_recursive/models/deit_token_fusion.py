@@ -25,13 +25,17 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model, vision_transformer
 from timm.models._features import feature_take_indices
-from timm.models import vision_transformer
 from timm.models.vision_transformer import VisionTransformer
 
 from timm_recursive.layers import (
-    DEFAULT_IMPORTANCE_SCORE, apply_token_fusion, block_token_counts, record_token_fusion, token_sources)
+    DEFAULT_IMPORTANCE_SCORE,
+    apply_token_fusion,
+    block_token_counts,
+    record_token_fusion,
+    token_sources,
+)
 
 from ._vit_builder import create_vit_model, vit_cfg
 

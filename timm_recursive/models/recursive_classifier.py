@@ -48,12 +48,12 @@ its learned initial value ``y_0`` at every step.
 from typing import Any, Dict, Final, List, Optional, Tuple, Union
 
 import torch
-from torch import nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import Attention, DropPath, Mlp, register_notrace_function, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint, named_apply
+from torch import nn
 
 from timm_recursive.layers import DynamicSparseAttention, MixtureOfExperts
 from timm_recursive.layers.adaptive_halting import HaltingHead, check_threshold

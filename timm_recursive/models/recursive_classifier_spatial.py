@@ -20,7 +20,8 @@ steps read through attention, so what a step learns about the image is what it c
   (``step_embed``, on by default; a table of ``max_steps`` rows, so that the weights do not depend on
   ``num_steps`` and a model can be run for another number of steps), then the latents ``z_0 .. z_{t-1}``:
   ``t + 1`` tokens at step t. The logits are read from the hypothesis slot, the new latent ``z_t``
-  from the last history slot, as in the pooled model (``forward_steps``, deep supervision as in TRM, Jolicoeur-Martineau 2025, "Less is
+  from the last history slot, as in the pooled model (``forward_steps``, deep supervision as in TRM, Jolicoeur-Martineau
+  2025, "Less is
   More: Recursive Reasoning with Tiny Networks").
 * **Attention**: the keys and values of each block are ``[image tokens; step tokens]``, the latent
   array's cross-attention to the input array of Perceiver (Jaegle et al., 2021, "Perceiver: General
@@ -65,17 +66,23 @@ this model supplies its own step inputs through the loop's hooks (``_feature_map
 from typing import Final, List, Optional, Tuple, Union
 
 import torch
-from torch import nn
 from timm.layers import register_notrace_function, resample_abs_pos_embed, to_2tuple, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._manipulate import checkpoint
+from torch import nn
 
 from timm_recursive.layers import MemoryAttention, MemorySparseAttention
 from timm_recursive.layers.adaptive_halting import HaltingHead
 
 from ._pretrained import HUB_ORG, pretrained_errors
 from .recursive_classifier import (
-    _CIFAR_ARGS, _TINY_ARGS, RecursiveBlock, RecursiveClassifier, _dataset_cfgs, check_image_input)
+    _CIFAR_ARGS,
+    _TINY_ARGS,
+    RecursiveBlock,
+    RecursiveClassifier,
+    _dataset_cfgs,
+    check_image_input,
+)
 
 torch.fx.wrap('check_image_input')  # a leaf in FX graphs here too (torch.fx.wrap patches the caller's module)
 

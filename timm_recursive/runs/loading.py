@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from timm_recursive.models.offline import go_offline_if_hub_unreachable
+from timm_recursive.models._hub import go_offline_if_hub_unreachable
 
 from .checkpoint import CheckpointError, load_weights
 

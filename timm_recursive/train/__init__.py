@@ -10,3 +10,6 @@ Run folders, states, checkpoints and exports are ``timm_recursive.runs``; the co
 from .evaluate import evaluate_steps
 from .losses import STEP_WEIGHTINGS, StepOutputs, deep_supervision_loss, step_weights
 from .run import EpochMeter, RunLoop, SeededSamples, StopRequest, step_seed
+
+__all__ = ['evaluate_steps', 'STEP_WEIGHTINGS', 'StepOutputs', 'deep_supervision_loss', 'step_weights', 'EpochMeter',
+    'RunLoop', 'SeededSamples', 'StopRequest', 'step_seed']

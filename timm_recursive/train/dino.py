@@ -14,11 +14,14 @@ pieces ``timm-recursive-train-dino`` (``timm_recursive.cli.train_dino``) assembl
 * ``cosine_schedule`` / ``teacher_temperatures``: per-iteration learning rate, weight decay and
   teacher momentum, per-epoch teacher temperature;
 * ``CollapseDetector``: flags the two DINO collapse modes from the teacher's probabilities (uniform
-  outputs, or one prototype winning every image) after they persist for ``patience`` steps.
+  outputs, or one prototype winning every image) after they persist for ``patience`` steps;
+* ``train_dino``: the training of ``timm-recursive-train-dino``'s parsed options (run folder, resume, export).
 
 The teacher is timm's ``ModelEmaV3`` of the student, its decay set to the momentum schedule each step.
 """
+import logging
 import math
+import os
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -26,13 +29,37 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
+from timm.optim import create_optimizer_v2
+from timm.utils import ModelEmaV3
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
+from torch.utils.data import DataLoader
+
+from timm_recursive.data import (
+    DatasetError,
+    image_mode,
+    resolve_dataset_from_options,
+    resolve_model_data_config,
+    to_pil,
+)
+from timm_recursive.runs import check_input_size, create_classifier
+from timm_recursive.runs.checkpoint import store_weights_as_timm
+from timm_recursive.runs.export import export_model
+from timm_recursive.runs.provenance import provenance, typed_command
+
+from .run import RunLoop, SeededSamples
 
 __all__ = [
     'DINOHead', 'DINOModel', 'DINOLoss', 'MultiCropTransform', 'cosine_schedule', 'teacher_temperatures',
-    'teacher_statistics', 'CollapseDetector', 'cancel_last_layer_gradients',
+    'teacher_statistics', 'CollapseDetector', 'cancel_last_layer_gradients', 'RecipeError', 'train_dino',
 ]
+
+_logger = logging.getLogger('train_dino')
+
+# the run configuration a resumed state must match
+RESUME_KEYS = ('model', 'model_kwargs', 'in_chans', 'dataset', 'max_train_samples', 'batch_size', 'out_dim',
+               'head_hidden_dim', 'bottleneck_dim', 'head_layers', 'norm_last_layer', 'global_size', 'local_size',
+               'num_local', 'seed')
 
 
 class DINOHead(nn.Module):
@@ -227,3 +254,186 @@ class MultiCropTransform:
 
     def __call__(self, image) -> List[torch.Tensor]:
         return [self.global_1(image), self.global_2(image)] + [self.local(image) for _ in range(self.num_local)]
+
+
+class RecipeError(ValueError):
+    """Flags that cannot work together (e.g. a crop size the patch size does not divide)."""
+
+
+def create_backbone(args):
+    kwargs = {**args.model_kwargs, 'drop_path_rate': args.drop_path, 'dynamic_img_size': True}
+    return create_classifier(args.model, 0, in_chans=args.in_chans, **kwargs)
+
+
+def collate_crops(batch):
+    return {'crops': [torch.stack([b['crops'][i] for b in batch]) for i in range(len(batch[0]['crops']))]}
+
+
+def train_dino(args, argv=None) -> dict:
+    """Pretrain ``timm-recursive-train-dino``'s parsed ``args`` into ``args.output``: its ``summary.json`` as a dict,
+    or ``{'interrupted': True, 'state': ...}`` when SIGINT/SIGTERM stopped it."""
+    return DinoTraining(args, argv).run()
+
+
+class DinoTraining:
+    """One DINO pretraining: the data, the backbone and its multi-crop transform, the student, teacher and loss are
+    built in that order (the seeded random draws with them); ``train_step`` and ``end_epoch`` are the run loop's."""
+
+    def __init__(self, args, argv=None):
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+
+        self.args = args
+        self.accelerator = accelerator = Accelerator(mixed_precision=args.mixed_precision)
+        self.main = accelerator.is_main_process
+        self.log = _logger.info if self.main else _logger.debug
+        self.run_config = dict(vars(args), model_kwargs=dict(args.model_kwargs))
+        self.run_config['command'] = typed_command('timm-recursive-train-dino', argv)
+        self.loop = RunLoop(accelerator, args.output, self.run_config, RESUME_KEYS, seed=args.seed, epochs=args.epochs,
+                            keep_states=args.keep_states, resume=args.resume, progress=not args.no_progress)
+        set_seed(args.seed)
+        backbone = self._prepare_data_and_backbone()
+        self._prepare_optimisation(backbone)
+        self.detector.streak = self.loop.resume().get('collapse_streak', 0)
+        size = (self.in_chans, args.global_size, args.global_size)
+        self.export_cfg = {'tag': f'dino_{os.path.basename(os.path.normpath(args.dataset))}', 'input_size': size,
+                           'crop_pct': 1.0, 'mean': self.data_config['mean'], 'std': self.data_config['std'],
+                           'num_classes': 0}
+        self.collapses: List[str] = []  # this epoch's collapse warnings
+
+    def _prepare_data_and_backbone(self) -> nn.Module:
+        """The images, the backbone (its crops checked against its patch size), the multi-crop loader."""
+        args = self.args
+        self.splits = splits = resolve_dataset_from_options(args)
+        for note in splits.notes:
+            self.log(note)
+        images = splits.train
+        if args.max_train_samples:
+            images = images.select(range(min(args.max_train_samples, len(images))))
+        backbone = create_backbone(args)
+        patch = backbone.patch_embed.patch_size
+        for flag, crop in (('--global-size', args.global_size), ('--local-size', args.local_size)):
+            if crop % patch[0] or crop % patch[1]:
+                raise RecipeError(f'{flag} {crop} is not a multiple of the patch size {tuple(patch)} of {args.model}')
+        self.data_config = data_config = resolve_model_data_config(backbone)
+        self.run_config['in_chans'] = self.in_chans = in_chans = data_config['input_size'][0]
+        for crop in (args.global_size, args.local_size):
+            check_input_size(backbone, (in_chans, crop, crop))
+        mode = image_mode(data_config)
+        multi_crop = MultiCropTransform(
+            args.global_size, args.local_size, args.num_local, data_config['mean'], data_config['std'],
+            in_chans=in_chans, global_scale=tuple(args.global_scale), local_scale=tuple(args.local_scale),
+            interpolation=data_config['interpolation'])
+
+        def crops_of(batch):
+            return {'crops': [multi_crop(to_pil(img, mode)) for img in batch[splits.image_column]]}
+
+        self.train_ds = train_ds = SeededSamples(images, crops_of, args.seed)
+        self.shuffle_generator = torch.Generator()
+        self.total_batch = total_batch = args.batch_size * self.accelerator.num_processes
+        if len(train_ds) < total_batch:
+            raise DatasetError(f'{len(train_ds)} training images are fewer than one batch of {total_batch}')
+        self.loader = DataLoader(train_ds, batch_size=args.batch_size, shuffle=True, generator=self.shuffle_generator,
+                                 drop_last=True, collate_fn=collate_crops, num_workers=args.workers)
+        return backbone
+
+    def _prepare_optimisation(self, backbone: nn.Module) -> None:
+        """The student (backbone + head), its teacher, the loss, the optimizer and the schedules."""
+        args, accelerator = self.args, self.accelerator
+        head = DINOHead(backbone.num_features, args.out_dim, args.head_hidden_dim, args.bottleneck_dim,
+                        args.head_layers, norm_last_layer=args.norm_last_layer)
+        student = DINOModel(backbone, head)
+        self.teacher = teacher = ModelEmaV3(student, decay=args.momentum_teacher)  # a copy of the student
+        teacher.requires_grad_(False)
+        self.dino_loss = DINOLoss(args.out_dim, 2 + args.num_local, student_temp=args.student_temp,
+                                  center_momentum=args.center_momentum)
+        peak_lr = args.lr * self.total_batch / 256
+        optimizer = create_optimizer_v2(student, opt='adamw', lr=peak_lr, weight_decay=args.weight_decay)
+        for group in optimizer.param_groups:  # biases and norms keep no weight decay; the rest follow the schedule
+            group['wd_scheduled'] = group['weight_decay'] > 0
+        self.student, self.optimizer, self.loader = accelerator.prepare(student, optimizer, self.loader)
+        teacher.to(accelerator.device)
+        self.dino_loss.to(accelerator.device)
+        accelerator.register_for_checkpointing(self.dino_loss)
+        # states hold the backbones with timm's key names (student model.safetensors, teacher
+        # model_ema.safetensors, each loadable by timm.create_model(checkpoint_path=...)), their heads beside them
+        store_weights_as_timm(accelerator, lambda m: m.backbone if isinstance(m, DINOModel) else None)
+        self.loop.modules.update({'head.safetensors': accelerator.unwrap_model(self.student).head,
+                                  'model_ema.safetensors': teacher.module.backbone,
+                                  'model_ema_head.safetensors': teacher.module.head})
+        self.iters = iters = len(self.loader)
+        self.lr_schedule = cosine_schedule(peak_lr, args.min_lr, args.epochs, iters, args.warmup_epochs)
+        self.wd_schedule = cosine_schedule(args.weight_decay, args.weight_decay_end, args.epochs, iters)
+        self.momentum_schedule = cosine_schedule(args.momentum_teacher, 1., args.epochs, iters)
+        self.temperatures = teacher_temperatures(args.warmup_teacher_temp, args.teacher_temp,
+                                                 args.warmup_teacher_temp_epochs, args.epochs)
+        self.detector = CollapseDetector(patience=args.collapse_patience)
+
+    def train_step(self, batch, epoch: int, step: int):
+        args, accelerator, student, teacher = self.args, self.accelerator, self.student, self.teacher
+        it = epoch * self.iters + step
+        for group in self.optimizer.param_groups:
+            group['lr'] = float(self.lr_schedule[it])  # python floats: the state must load weights-only
+            if group['wd_scheduled']:
+                group['weight_decay'] = float(self.wd_schedule[it])
+        crops = batch['crops']
+        with torch.no_grad(), accelerator.autocast():
+            teacher_out = teacher.module(crops[:2])
+        student_out = student(crops)
+        probs = self.dino_loss.teacher_probs(teacher_out, float(self.temperatures[epoch]))
+        loss = self.dino_loss(student_out, probs)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f'loss is {loss.item()} at epoch {epoch + 1}, step {step}')
+        accelerator.backward(loss)
+        grad_norm = float(accelerator.clip_grad_norm_(student.parameters(), args.clip_grad or math.inf))
+        if epoch < args.freeze_last_layer:
+            cancel_last_layer_gradients(accelerator.unwrap_model(student).head)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.dino_loss.update_center(teacher_out)
+        teacher.decay = float(self.momentum_schedule[it])
+        teacher.update(accelerator.unwrap_model(student))
+        stats = teacher_statistics(probs)
+        message = self.detector.update(probs)
+        if message:
+            self.collapses.append(f'epoch {epoch + 1} step {step}: {message}')
+            self.log(self.collapses[-1])
+        return crops[0].shape[0], {'loss': loss.item(), 'teacher_entropy': stats['entropy'],
+                                   'teacher_distinct': stats['distinct'], 'grad_norm': grad_norm}
+
+    def end_epoch(self, epoch: int, meter) -> dict:
+        last = (epoch + 1) * self.iters - 1
+        record = {
+            'epoch': epoch + 1, **{k: meter.mean(k) for k in ('loss', 'teacher_entropy', 'teacher_distinct')},
+            'lr': float(self.lr_schedule[last]), 'weight_decay': float(self.wd_schedule[last]),
+            'teacher_momentum': float(self.momentum_schedule[last]), 'teacher_temp': float(self.temperatures[epoch]),
+            'grad_norm_mean': meter.mean('grad_norm', None), 'grad_norm_max': meter.max('grad_norm'),
+            'train_images_per_s': meter.images_per_s, 'collapse': list(self.collapses),
+        }
+        self.collapses.clear()
+        if self.main:
+            export_model(self.teacher.module.backbone, os.path.join(self.args.output, 'model'),
+                         pretrained_cfg=self.export_cfg)
+        self.log(f'epoch {epoch + 1}: loss {record["loss"]:.4f}, teacher entropy {record["teacher_entropy"]:.3f} '
+                 f'({record["teacher_distinct"]:.1f} distinct prototypes per batch), grad norm mean '
+                 f'{record["grad_norm_mean"]:.2f}, {record["train_images_per_s"]:.1f} img/s')
+        return record
+
+    def run(self) -> dict:
+        args, loop = self.args, self.loop
+        self.student.train()
+        stopped_at = loop.run(self.loader, self.shuffle_generator, self.train_step, self.end_epoch,
+                              lambda: {'collapse_streak': self.detector.streak})
+        if stopped_at is not None:
+            return {'interrupted': True, 'state': stopped_at}
+        history = loop.history
+        summary = {
+            **provenance(self.run_config['command'], self.accelerator, checkout=loop.session),
+            'sessions': loop.sessions, 'model': args.model, 'model_kwargs': dict(args.model_kwargs),
+            'dataset': args.dataset, 'dataset_source': self.splits.source, 'train_images': len(self.train_ds),
+            'epochs': args.epochs, 'final': history[-1] if history else None,
+            'export_dir': os.path.join(args.output, 'model'),
+            'wall_time_s': history[-1]['wall_time_s'] if history else 0.,
+        }
+        loop.finish(summary)
+        return summary

@@ -3,7 +3,8 @@
 A command (``cli/train.py``, ``cli/train_dino.py``) builds its model, data and optimiser,
 then hands ``RunLoop`` its step function and its end-of-epoch evaluation. The loop gives:
 
-* a run folder that never overwrites a previous run (``timm_recursive.runs.run_dir_for``: ``runs/x`` taken, ``runs/x-1``,
+* a run folder that never overwrites a previous run (``timm_recursive.runs.run_dir_for``: ``runs/x`` taken,
+``runs/x-1``,
   as timm's ``get_outdir(inc=True)``) unless ``--resume`` continues it;
 * resume from the newest loadable state (``--resume``), a corrupt one falling back to the previous;
 * exactness: the shuffle order is keyed to (seed, epoch), each sample's augmentation to (seed,
