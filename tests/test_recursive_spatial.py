@@ -151,12 +151,17 @@ def test_memory_attention_is_self_attention_over_memory_and_queries():
         out, keys = sparse(x, sparse.memory_kv(memory))
         torch.testing.assert_close(out, reference(both)[:, N:], rtol=1e-5, atol=1e-6)
         assert keys.shape == (B, L, min(topk, N + L)) and int(keys.max()) < N + L
-    dense = MemoryAttention(C, num_heads=4).eval()
-    reference = timm.layers.Attention(C, num_heads=4, qkv_bias=True).eval()
-    reference.load_state_dict(dense.state_dict())
-    out, keys = dense(x, dense.memory_kv(memory))
-    torch.testing.assert_close(out, reference(both)[:, N:], rtol=1e-5, atol=1e-6)
-    assert torch.equal(keys[0, 0], torch.arange(N + L))
+    # timm's Attention and its options (q/k norm, scale norm, output gate), the memory's keys normalised too
+    norms = {'qk_norm': True, 'scale_norm': True, 'norm_layer': torch.nn.LayerNorm}
+    for options in ({'qkv_bias': True}, norms, {'qkv_bias': True, 'gated': True}):
+        dense = MemoryAttention(C, num_heads=4, **options).eval()
+        reference = timm.layers.Attention(C, num_heads=4, **options).eval()
+        for p in dense.parameters():  # norms away from their identity initialisation
+            torch.nn.init.normal_(p, std=0.3)
+        reference.load_state_dict(dense.state_dict())
+        out, keys = dense(x, dense.memory_kv(memory))
+        torch.testing.assert_close(out, reference(both)[:, N:], rtol=1e-5, atol=1e-6, msg=str(options))
+        assert torch.equal(keys[0, 0], torch.arange(N + L))
 
 
 def test_sparse_memory_attention_trains_its_indexer_and_exposes_its_glimpses():

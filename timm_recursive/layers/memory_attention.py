@@ -55,9 +55,9 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from timm.layers import register_notrace_module, use_fused_attn
-from torch import nn
+from timm.layers import register_notrace_module
 
+from .attention_projections import ProjectedAttention
 from .sparse_attention import DynamicSparseAttention, _softmax_short_rows
 
 __all__ = ['MemoryAttention', 'MemorySparseAttention']
@@ -69,49 +69,29 @@ def _all_keys(x: torch.Tensor, num_keys: int) -> torch.Tensor:
     return torch.arange(num_keys, device=x.device).expand(B, L, num_keys)
 
 
+def _key_value_rows(
+        memory: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], first_row: int) -> torch.Tensor:
+    """The key and value outputs of a fused query-key-value projection (``weight``, ``bias``: its rows from
+    ``first_row``, those after the queries') for the memory tokens, which need no queries. Tensors, not the
+    module, so that TorchScript compiles it."""
+    return F.linear(memory, weight[first_row:], bias[first_row:] if bias is not None else None)
+
+
 @register_notrace_module  # shape-dependent reshapes: keep it a leaf in FX graphs
-class MemoryAttention(nn.Module):
+class MemoryAttention(ProjectedAttention):
     """Dense multi-head attention of the queries over ``[memory; queries]``; see the module docstring.
 
-    Args:
-        dim: token width (queries and memory).
-        num_heads: attention heads.
-        qkv_bias: bias on the query, key and value projections.
-        attn_drop: dropout on attention probabilities.
-        proj_drop: dropout after the output projection.
+    timm's ``Attention`` (its arguments and weights: ``qk_norm``, ``scale_norm``, ``gated``, ...), whose keys and
+    values are those of the memory (``memory_kv``) in front of the queries' own.
     """
-    fused_attn: torch.jit.Final[bool]
-
-    def __init__(
-            self,
-            dim: int,
-            num_heads: int = 8,
-            qkv_bias: bool = True,
-            attn_drop: float = 0.,
-            proj_drop: float = 0.,
-            device=None,
-            dtype=None,
-    ):
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        if dim % num_heads != 0:
-            raise ValueError(f'dim ({dim}) must be divisible by num_heads ({num_heads})')
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
-        self.fused_attn = use_fused_attn()
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)  # timm's Attention layout: q, k, v
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim, **dd)
-        self.proj_drop = nn.Dropout(proj_drop)
 
     def memory_kv(self, memory: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The memory's keys and values (B, heads, N, head_dim) each: the qkv projection's k and v rows."""
-        B, N, C = memory.shape
-        bias = self.qkv.bias[C:] if self.qkv.bias is not None else None
-        kv = F.linear(memory, self.qkv.weight[C:], bias).reshape(B, N, 2, self.num_heads, self.head_dim)
+        """The memory's keys (normalised as the queries' keys are) and values, (B, heads, N, head_dim) each."""
+        B, N, _ = memory.shape
+        kv = _key_value_rows(memory, self.qkv.weight, self.qkv.bias, self.attn_dim)
+        kv = kv.reshape(B, N, 2, self.num_heads, self.head_dim)
         k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
-        return k, v
+        return self.k_norm(k), v
 
     def forward(
             self,
@@ -120,8 +100,7 @@ class MemoryAttention(nn.Module):
             memory_mask: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """``x`` (B, L, C) queries, ``memory`` from ``memory_kv``; ``memory_mask`` is unused (every key is attended)."""
-        B, L, C = x.shape
-        q, k, v = self.qkv(x).reshape(B, L, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v, gate = self.project_qkv(x)
         k = torch.cat([memory[0], k], dim=2)
         v = torch.cat([memory[1], v], dim=2)
         if self.fused_attn:
@@ -130,8 +109,7 @@ class MemoryAttention(nn.Module):
             attn = (q * self.scale) @ k.transpose(-2, -1)
             attn = self.attn_drop(attn.softmax(dim=-1))
             x = attn @ v
-        x = self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, L, C)))
-        return x, _all_keys(x, k.shape[2])
+        return self.project_output(x, gate), _all_keys(x, k.shape[2])
 
 
 @register_notrace_module  # sequence-length dependent control flow: keep it a leaf in FX graphs
@@ -160,32 +138,26 @@ class MemorySparseAttention(DynamicSparseAttention):
         self.indexer_loss_weight = float(indexer_loss_weight)
 
     def memory_kv(self, memory: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The memory's shared key/value head side by side (B, N, 2 * head_dim), its indexer keys (B, N, index_dim)."""
-        C = self.num_heads * self.head_dim
-        bias = self.qkv.bias[C:] if self.qkv.bias is not None else None
-        kv = F.linear(memory, self.qkv.weight[C:], bias)
+        """The memory's shared key/value head side by side (B, N, 2 * head_dim) and indexer keys (B, N, index_dim)."""
+        kv = _key_value_rows(
+            memory, self.qkv.weight, self.qkv.bias, self.num_heads * self.head_dim)
         return kv, self.index_k(kv[..., :self.head_dim])
-
-    def _scores(
-            self, x: torch.Tensor, memory: Tuple[torch.Tensor, torch.Tensor],
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries (B, L, H, D), keys and values of ``[memory; x]`` (B, N + L, 2D), indexer scores (B, L, N + L)."""
-        q, own_kv, kv = self._queries_keys_values(x, memory)
-        if self.selection == 'random':
-            return q, kv, torch.rand(x.shape[0], x.shape[1], kv.shape[1], device=x.device, dtype=x.dtype)
-        index_k = torch.cat([memory[1], self.index_k(own_kv[..., :self.head_dim])], dim=1)
-        return q, kv, self._index_scores(q, index_k)
 
     def _queries_keys_values(
             self, x: torch.Tensor, memory: Tuple[torch.Tensor, torch.Tensor],
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries (B, L, H, D), the queries' own keys and values (B, L, 2D), those of ``[memory; x]`` (B, N + L, 2D)."""
+        """Queries (B, L, H, D), the queries' own keys and values (B, L, 2D), and those of ``[memory; x]``
+        (B, N + L, 2D)."""
         q, own_kv = self.qkv(x).split([self.num_heads * self.head_dim, 2 * self.head_dim], dim=-1)
         return q.unflatten(-1, (self.num_heads, self.head_dim)), own_kv, torch.cat([memory[0], own_kv], dim=1)
 
-    def _index_scores(self, q: torch.Tensor, index_k: torch.Tensor) -> torch.Tensor:
-        """The indexer's scores (B, L, M) of the per-head mean queries against the indexer keys (B, M, index_dim)."""
-        return self.index_q(q.mean(dim=2)) @ index_k.transpose(-2, -1) * self.index_scale
+    def _scores(self, q: torch.Tensor, own_kv: torch.Tensor, memory: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The indexer's scores (B, L, N + L) of the queries over ``[memory; queries]`` (uniform noise with
+        ``selection='random'``)."""
+        if self.selection == 'random':
+            B, L = q.shape[0], q.shape[1]
+            return torch.rand(B, L, memory[0].shape[1] + L, device=q.device, dtype=q.dtype)
+        return self._index_scores(q, torch.cat([memory[1], self.index_k(own_kv[..., :self.head_dim])], dim=1))
 
     @staticmethod
     def _unselectable(scores: torch.Tensor, memory_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -211,10 +183,14 @@ class MemorySparseAttention(DynamicSparseAttention):
             memory_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Mean over queries of KL(dense attention || softmax(indexer scores)) over the selectable keys; the
-        queries and keys are detached, so only ``index_q`` and ``index_k`` get its gradient (module docstring)."""
+        queries and keys are detached, so only ``index_q`` and ``index_k`` get its gradient (module docstring).
+        ``forward_with_indexer_loss`` gives it with the forward's output from one projection of ``x``."""
+        q, _, kv = self._queries_keys_values(x, memory)
+        return self._indexer_loss(q, kv, memory_mask)
+
+    def _indexer_loss(self, q: torch.Tensor, kv: torch.Tensor, memory_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        q, k = q.detach(), kv[..., :self.head_dim].detach()  # B, L, H, D and B, M, D
         with torch.no_grad():
-            q, _, kv = self._queries_keys_values(x, memory)
-            k = kv[..., :self.head_dim]  # B, M, D
             logits = (q @ k.unsqueeze(1).transpose(-2, -1)) * self.scale  # B, L, H, M
             masked = self._unselectable(logits[:, :, 0], memory_mask)
             if masked is not None:
@@ -235,29 +211,24 @@ class MemorySparseAttention(DynamicSparseAttention):
             memory_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Key positions (B, L, min(k, N + L)) each query attends to, as chosen by the indexer (or at random)."""
-        scores = self._selectable(self._scores(x, memory)[2], memory_mask)
+        q, own_kv, _ = self._queries_keys_values(x, memory)
+        scores = self._selectable(self._scores(q, own_kv, memory), memory_mask)
         return scores.topk(min(self.topk, scores.shape[-1]), dim=-1).indices
 
-    def forward(
-            self,
-            x: torch.Tensor,
-            memory: Tuple[torch.Tensor, torch.Tensor],
-            memory_mask: Optional[torch.Tensor] = None,
+    def _attend(
+            self, q: torch.Tensor, own_kv: torch.Tensor, kv: torch.Tensor, memory: Tuple[torch.Tensor, torch.Tensor],
+            memory_mask: Optional[torch.Tensor],
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``x`` (B, L, C) queries, ``memory`` from ``memory_kv``, ``memory_mask`` (B, N) True where unselectable."""
-        B, L, C = x.shape
-        q, kv, scores = self._scores(x, memory)
+        """The output (B, L, C) and the attended key positions of the projected queries, keys and values."""
+        B, L = q.shape[0], q.shape[1]
+        scores = self._scores(q, own_kv, memory)
         M = kv.shape[1]
         prob = torch.sigmoid(scores)
         gate = 1. + (prob - prob.detach())  # == 1 forward; carries the indexer's (bounded) gradient
         if M <= self.topk:
-            # dense regime: every key is selected, one (L * H) x M product per image
-            idx = self.key_select(_all_keys(x, M))
-            k, v = kv.split(self.head_dim, dim=-1)
-            attn = (q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)) * self.scale
-            attn = _softmax_short_rows(attn).view(B, L, self.num_heads, M) * gate.unsqueeze(2)
-            attn = self.attn_drop(attn)
-            out = attn.view(B, L * self.num_heads, M) @ v  # B, L * H, D
+            # dense regime: every key is selected
+            idx = self.key_select(_all_keys(q, M))
+            out = self._attend_every_key(q, kv, gate)  # B, L * H, D
         else:
             # gather each query's k keys and values, then attend to them only: L * k products per head
             idx = self.key_select(self._selectable(scores, memory_mask).topk(self.topk, dim=-1).indices)  # B, L, k
@@ -267,4 +238,25 @@ class MemorySparseAttention(DynamicSparseAttention):
             attn = _softmax_short_rows(attn) * gate.gather(-1, idx).unsqueeze(2)
             attn = self.attn_drop(attn)
             out = attn @ v  # B, L, H, D
-        return self.proj_drop(self.proj(out.reshape(B, L, C))), idx
+        return self.proj_drop(self.proj(out.reshape(B, L, self.num_heads * self.head_dim))), idx
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            memory: Tuple[torch.Tensor, torch.Tensor],
+            memory_mask: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``x`` (B, L, C) queries, ``memory`` from ``memory_kv``, ``memory_mask`` (B, N) True where unselectable."""
+        q, own_kv, kv = self._queries_keys_values(x, memory)
+        return self._attend(q, own_kv, kv, memory, memory_mask)
+
+    def forward_with_indexer_loss(
+            self,
+            x: torch.Tensor,
+            memory: Tuple[torch.Tensor, torch.Tensor],
+            memory_mask: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``forward``'s output and key positions, and ``indexer_loss``, from one projection of ``x``."""
+        q, own_kv, kv = self._queries_keys_values(x, memory)
+        out, idx = self._attend(q, own_kv, kv, memory, memory_mask)
+        return out, idx, self._indexer_loss(q, kv, memory_mask)

@@ -118,9 +118,20 @@ class DynamicSparseAttention(nn.Module):
         """Queries (B, L, H, D), the shared key/value head side by side (B, L, 2D), indexer scores (B, L, L)."""
         q, kv = self.qkv(x).split([self.num_heads * self.head_dim, 2 * self.head_dim], dim=-1)
         q = q.unflatten(-1, (self.num_heads, self.head_dim))
-        k = kv[..., :self.head_dim]
-        scores = self.index_q(q.mean(dim=2)) @ self.index_k(k).transpose(-2, -1) * self.index_scale
-        return q, kv, scores
+        return q, kv, self._index_scores(q, self.index_k(kv[..., :self.head_dim]))
+
+    def _index_scores(self, q: torch.Tensor, index_k: torch.Tensor) -> torch.Tensor:
+        """The indexer's scores (B, L, M) of the per-head mean queries against the indexer keys (B, M, index_dim)."""
+        return self.index_q(q.mean(dim=2)) @ index_k.transpose(-2, -1) * self.index_scale
+
+    def _attend_every_key(self, q: torch.Tensor, kv: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """The dense regime, every key selected: queries (B, L, H, D) over the keys and values ``kv`` (B, M, 2D),
+        one (L * H) x M product per image, the probabilities times the indexer's ``gate`` (B, L, M); (B, L * H, D)."""
+        B, L = q.shape[0], q.shape[1]
+        k, v = kv.split(self.head_dim, dim=-1)
+        attn = (q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)) * self.scale
+        attn = _softmax_short_rows(attn).view(B, L, self.num_heads, kv.shape[1]) * gate.unsqueeze(2)
+        return self.attn_drop(attn).view(B, L * self.num_heads, kv.shape[1]) @ v
 
     def select(self, x: torch.Tensor) -> torch.Tensor:
         """Key indices (B, L, min(k, L)) each query attends to, as chosen by the indexer."""
@@ -134,23 +145,21 @@ class DynamicSparseAttention(nn.Module):
         q, kv, scores = self._project(x)
         prob = torch.sigmoid(scores)
         gate = 1. + (prob - prob.detach())  # == 1 forward; carries the indexer's (bounded) gradient
-        k, v = kv.split(self.head_dim, dim=-1)
-        # Every query-key product, one (L * H) x L matrix per image, in the sparse regime too: at these
-        # lengths the L / k times more products cost less than gathering k keys and values per query
-        # (k times the key/value head's size) and B * L tiny matmuls.
-        attn = (q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)) * self.scale
         if L <= self.topk:
             # dense regime: every key is selected
             self.key_select(torch.arange(L, device=x.device).expand(B, L, L))
-            attn = _softmax_short_rows(attn).view(B, L, self.num_heads, L) * gate.unsqueeze(2)
-            attn = self.attn_drop(attn)
+            out = self._attend_every_key(q, kv, gate)
         else:
-            # each query's k selected products picked out; their probabilities are put back in place
-            # (zero elsewhere) for one matmul with all the values
+            # Every query-key product, one (L * H) x L matrix per image: at these lengths the L / k times more
+            # products cost less than gathering k keys and values per query (k times the key/value head's size)
+            # and B * L tiny matmuls. Each query's k selected products are picked out; their probabilities are
+            # put back in place (zero elsewhere) for one matmul with all the values.
+            k, v = kv.split(self.head_dim, dim=-1)
+            attn = (q.reshape(B, L * self.num_heads, self.head_dim) @ k.transpose(-2, -1)) * self.scale
             idx = self.key_select(scores.topk(self.topk, dim=-1).indices)  # B, L, k
             head_idx = idx.unsqueeze(2).expand(-1, -1, self.num_heads, -1)  # B, L, H, k
             attn = attn.view(B, L, self.num_heads, L).gather(-1, head_idx)
             attn = _softmax_short_rows(attn) * gate.gather(-1, idx).unsqueeze(2)
             attn = attn.new_zeros(B, L, self.num_heads, L).scatter(-1, head_idx, self.attn_drop(attn))
-        out = attn.view(B, L * self.num_heads, L) @ v  # B, L * H, D
+            out = attn.view(B, L * self.num_heads, L) @ v  # B, L * H, D
         return self.proj_drop(self.proj(out.reshape(B, L, C)))

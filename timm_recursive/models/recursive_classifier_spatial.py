@@ -139,7 +139,6 @@ class SpatialRecursiveBlock(RecursiveBlock):
     def __init__(self, dim: int, num_heads: int, device=None, dtype=None, **kwargs):
         super().__init__(dim, num_heads, device=device, dtype=dtype, **kwargs)
         self.norm_mem = nn.LayerNorm(dim, device=device, dtype=dtype)
-        # a constant, so that TorchScript compiles the indexer loss's call only for a layer that has one
         self.teaches_indexer = isinstance(self.attn, MemorySparseAttention) and self.attn.indexer_loss_weight > 0
 
     @staticmethod
@@ -166,11 +165,13 @@ class SpatialRecursiveBlock(RecursiveBlock):
             memory_mask: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         h = self.norm1(x)
+        if self.teaches_indexer:  # a constant: TorchScript compiles this branch only for a layer that teaches
+            if self.training:  # the indexer loss from the forward's own projections of h
+                out, keys, indexer_loss = self.attn.forward_with_indexer_loss(h, memory, memory_mask)
+                x, aux = self._ffn(x + self.drop_path1(out))
+                return x, aux + self.attn.indexer_loss_weight * indexer_loss, keys
         out, keys = self.attn(h, memory, memory_mask)
         x, aux = self._ffn(x + self.drop_path1(out))
-        if self.teaches_indexer:
-            if self.training:
-                aux = aux + self.attn.indexer_loss_weight * self.attn.indexer_loss(h, memory, memory_mask)
         return x, aux, keys
 
 
