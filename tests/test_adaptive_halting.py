@@ -269,7 +269,8 @@ def test_study_command(tmp_path, capsys):
     from timm_recursive.cli.adaptive_halting import main
     from timm_recursive.runs import export_model
     torch.manual_seed(0)
-    export_model(timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=1, num_steps=4), str(tmp_path / 'm'))
+    export_model(timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=1, num_steps=4),
+                 str(tmp_path / 'm'))
     args = ['--checkpoint', str(tmp_path / 'm'), '--dataset', 'digits', '--eval-samples', '120', '--batch-size', '50',
             '--timing-images', '50', '--repeats', '1']
     assert main(args + ['--thresholds', '0.1', '0.99']) == 0
@@ -325,7 +326,8 @@ def test_evaluate_measures_halting(tmp_path, capsys):
     from timm_recursive.cli.adaptive_halting import check_halting_arguments
     from timm_recursive.runs import export_model
     torch.manual_seed(0)
-    export_model(timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=1, num_steps=4), str(tmp_path / 'm'))
+    export_model(timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=1, num_steps=4),
+                 str(tmp_path / 'm'))
     args = ['--checkpoint', str(tmp_path / 'm'), '--dataset', 'digits', '--max-eval-samples', '60', '-b', '25']
     out = tmp_path / 'results.json'
     assert evaluate.main(args + ['--halting-thresholds', '0.1', '0.99', '--halting-timing-images', '25',

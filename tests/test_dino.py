@@ -64,7 +64,8 @@ def test_teacher_centring_and_sharpening():
     loss_fn = DINOLoss(out_dim=2, num_crops=2, center_momentum=0.9)
     out = torch.tensor([[2., 0.], [0., 0.]])
     probs = loss_fn.teacher_probs(out, temp=0.5)  # centre 0: softmax(out / 0.5)
-    assert torch.allclose(probs[0], torch.softmax(torch.tensor([4., 0.]), 0)) and torch.allclose(probs[1], torch.full((2,), .5))
+    assert (torch.allclose(probs[0], torch.softmax(torch.tensor([4., 0.]), 0))
+            and torch.allclose(probs[1], torch.full((2,), .5)))
     loss_fn.update_center(out)  # batch mean (1, 0)
     assert torch.allclose(loss_fn.center, torch.tensor([[.1, 0.]]))
     loss_fn.update_center(out)
@@ -75,7 +76,8 @@ def test_teacher_centring_and_sharpening():
 
 def test_schedules():
     lr = cosine_schedule(1., 0.1, epochs=4, iters_per_epoch=5, warmup_epochs=1)
-    assert len(lr) == 20 and lr[0] == 0 and lr[5] == pytest.approx(1.) and lr[-1] > 0.1 and lr[-1] == pytest.approx(0.1, abs=0.01)
+    assert (len(lr) == 20 and lr[0] == 0 and lr[5] == pytest.approx(1.)
+            and lr[-1] > 0.1 and lr[-1] == pytest.approx(0.1, abs=0.01))
     assert np.all(np.diff(lr[5:]) <= 0) and np.all(np.diff(lr[:6]) > 0)
     momentum = cosine_schedule(0.996, 1., epochs=2, iters_per_epoch=3)
     assert momentum[0] == pytest.approx(0.996) and np.all(np.diff(momentum) > 0) and momentum[-1] < 1
@@ -194,7 +196,8 @@ def test_resume_after_sigterm_reaches_the_uninterrupted_state(tmp_path, monkeypa
                  'checkpoints/epoch0002/head.safetensors'):
         a, b = load_file(os.path.join(full, name)), load_file(os.path.join(resumed, name))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
-    metrics = [[json.loads(line)['loss'] for line in open(os.path.join(run, 'metrics.jsonl'))] for run in (full, resumed)]
+    metrics = [[json.loads(line)['loss'] for line in open(os.path.join(run, 'metrics.jsonl'))]
+               for run in (full, resumed)]
     assert metrics[0][1] == metrics[1][1]  # epoch 2 ran from the same state
     # a state's student and teacher backbones load in plain timm; the teacher's is the exported model
     state = os.path.join(resumed, 'checkpoints', 'epoch0002')

@@ -110,7 +110,8 @@ def test_inference_speed_runs_every_model_in_inference_mode_and_compares_to_the_
 def test_training_speed_trains_every_model_and_compares_to_the_baseline():
     from timm_recursive.analysis.timing import training_speed
     torch.manual_seed(0)
-    models = {'small': torch.nn.Linear(4, 3), 'large': torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Linear(64, 3))}
+    models = {'small': torch.nn.Linear(4, 3),
+              'large': torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Linear(64, 3))}
     before = {name: [p.detach().clone() for p in m.parameters()] for name, m in models.items()}
     speed = training_speed(models, torch.randn(8, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]), 'small', repeats=2)
     assert set(speed) == {'small', 'large'} and speed['small']['speedup'] == 1.0

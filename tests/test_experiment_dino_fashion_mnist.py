@@ -54,7 +54,8 @@ def test_collect_then_tables(tmp_path):
     assert results['entmax']['pretraining']['loss_per_epoch'] == [6.2, 5.9, 5.5]
     assert results['reg4']['point_in_box']['pib'] == [0.35, 0.25] and results['reg4']['point_in_box']['canvases'] == 64
     assert 'linear' not in results['specialized'] and 'point_in_box' not in results['specialized']
-    assert {'date', 'commit', 'dirty', 'command', 'versions', 'threads', 'hardware'} <= set(results['entmax']['collected'])
+    assert ({'date', 'commit', 'dirty', 'command', 'versions', 'threads', 'hardware'}
+            <= set(results['entmax']['collected']))
 
     (tmp_path / 'source.json').write_text((STUDY / 'results' / 'source.json').read_text())
     pieces = import_file(STUDY / 'tables.py').tables(tmp_path)
@@ -72,7 +73,9 @@ def test_collect_then_tables(tmp_path):
     assert '| entmax | 0.250 | 0.500 |' in pieces['sparsity']
     assert '| entmax | 57.00 / 82.00 / 14.50 | 57.00 / 82.00 / 14.50 |' in pieces['dense']
     assert pieces['linear_gap'] == '+15.0 (+13.6 to +16.4)'
-    assert pieces['headline'].startswith('linear probe top-1 entmax 59.00%, reg4 44.00%; entmax - reg4 +15.0 (+13.6 to +16.4) points, 95% interval over the test images (one seed; ViTs of width 192')
+    assert pieces['headline'].startswith('linear probe top-1 entmax 59.00%, reg4 44.00%; entmax - reg4 +15.0 (+13.6 to '
+                                         '+16.4) points, 95% interval over the test images (one seed; ViTs of width '
+                                         '192')
     beside = pieces['beside_source'].splitlines()
     assert beside[0].startswith('| metric | source: CLS baseline | source: entmax-1.5 | source: register-4 |')
     linear = next(row for row in beside if row.startswith('| linear probe top-1'))

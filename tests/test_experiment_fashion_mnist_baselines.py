@@ -13,7 +13,8 @@ tables = import_file(STUDY / 'tables.py')
 def _copy_kept_run(src_recipe, dst_results, recipe, model):
     folder = dst_results / 'first_run' / recipe / model
     folder.mkdir(parents=True)
-    (folder / 'trace.json').write_text((STUDY / 'results' / 'first_run' / src_recipe / model / 'trace.json').read_text())
+    trace = STUDY / 'results' / 'first_run' / src_recipe / model / 'trace.json'
+    (folder / 'trace.json').write_text(trace.read_text())
     return folder
 
 
@@ -72,4 +73,5 @@ def test_every_piece_is_generated_from_the_kept_results():
     pieces = tables.tables(STUDY / 'results')
     assert '\n' not in pieces['headline']
     assert '| DSA-MoE | 10 | exported model (epoch chosen on the test split) | 10000 | 91.06 |' in pieces['per_step']
-    assert '| DSA-MoE | 10 | analytic, k = 6 | 0.0 | 0.0 | 0.0 | 0.0 | 14.3 | 25.0 | 33.3 | 40.0 |' in pieces['sparsity']
+    assert ('| DSA-MoE | 10 | analytic, k = 6 | 0.0 | 0.0 | 0.0 | 0.0 | 14.3 | 25.0 | 33.3 | 40.0 |'
+            in pieces['sparsity'])

@@ -47,7 +47,8 @@ def test_a_run_is_read_from_its_training_record_first_then_its_analyses(tmp_path
     folder.mkdir(parents=True)
     (folder / 'interventions.json').write_text(json.dumps({'step_top1': [70.0, 71.0], 'eval_images': 5000}))
     run = tables.load_run(tmp_path, 'dsa_moe_k2')
-    assert run['per_step'] == [70.0, 71.0] and run['weights'] == 'exported model (epoch chosen on the test split)' and run['first_to_last'] is None
+    assert (run['per_step'] == [70.0, 71.0] and run['weights'] == 'exported model (epoch chosen on the test split)'
+            and run['first_to_last'] is None)
     (folder / 'report').mkdir()
     (folder / 'report' / 'trace.json').write_text(json.dumps(
         {'accuracy': [0.7, 0.72], 'num_images': 5000, 'first_to_last': [0.03, 0.01]}))
@@ -128,7 +129,8 @@ def test_the_script_skips_finished_runs_and_refuses_an_unknown_one(tmp_path):
     done = subprocess.run(command, env={**os.environ, 'ABLATION_ONLY': 'dsa_moe/seed0 dsa_moe_k2'},
                           capture_output=True, text=True)
     assert done.returncode == 0 and sorted(done.stdout.split('\n')[:2]) == ['done: dsa_moe/seed0', 'done: dsa_moe_k2']
-    unknown = subprocess.run(command, env={**os.environ, 'ABLATION_ONLY': 'dsa_moe/seed9'}, capture_output=True, text=True)
+    unknown = subprocess.run(command, env={**os.environ, 'ABLATION_ONLY': 'dsa_moe/seed9'},
+                             capture_output=True, text=True)
     assert unknown.returncode == 2
     assert unknown.stderr.strip() == 'error: ABLATION_ONLY names no run of this script: dsa_moe/seed9'
 

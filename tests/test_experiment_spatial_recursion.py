@@ -73,8 +73,8 @@ def test_full_data_cells_are_compared_with_the_pooled_full_runs_not_searched(tmp
     pooled_dir = tmp_path / 'pooled'
     monkeypatch.setattr(study_tables, 'POOLED_FULL', pooled_dir)
     records = {
-        tmp_path / 'results' / 'dsa_k2_steps4' / 'seed0': _summary(spatial, {'num_steps': 4, 'topk': 2}, 0,
-                                                                   [70., 71., 72., 73.], [70.] * 4, '2026-12-05T10:00Z'),
+        tmp_path / 'results' / 'dsa_k2_steps4' / 'seed0': _summary(
+            spatial, {'num_steps': 4, 'topk': 2}, 0, [70., 71., 72., 73.], [70.] * 4, '2026-12-05T10:00Z'),
         **{tmp_path / 'results' / 'full_dsa_k2_steps4' / f'seed{s}': _summary(
             spatial, {'num_steps': 4, 'topk': 2}, s, [90., 91., 92., 92. + s], [90., 91., 92., 93.],
             f'2026-12-05T12:0{s}Z') for s in range(2)},
@@ -89,7 +89,8 @@ def test_full_data_cells_are_compared_with_the_pooled_full_runs_not_searched(tmp
     rows = pieces['full_data'].splitlines()
     assert rows[2].startswith('| `full_dsa_k2_steps4` | spatial, DSA k=2, MoE, 4 steps | 0, 1 | 90.00 (') and \
         rows[2].endswith('| +2.50 (-3.85 to +8.85) | yes |')
-    assert rows[3].startswith('| `fashion_mnist_baselines/recursive_dsa_moe_tiny` | pooled, DSA k=6, MoE, 8 steps | 0 |')
+    assert rows[3].startswith('| `fashion_mnist_baselines/recursive_dsa_moe_tiny` | pooled, DSA k=6, MoE, 8 steps '
+                              '| 0 |')
     assert rows[3].endswith('| no |')
     assert '| `full_dsa_k2_steps4` | 1 |' in pieces['provenance']
     # the headline names the chosen design's full-data result beside the pooled model's and the target
@@ -98,8 +99,8 @@ def test_full_data_cells_are_compared_with_the_pooled_full_runs_not_searched(tmp
               "reached)")
     assert pieces['headline'].endswith(clause.format('its'))
     # a later cell chosen over the design the full-data runs are of: those runs are named, and a control's left out
-    later = _summary(spatial, {'num_steps': 4, 'topk': 2, 'mask_seen': True}, 0, [60., 70., 70., 70.], [60.] * 3 + [70.],
-                     '2026-12-05T13:00Z')
+    later = _summary(spatial, {'num_steps': 4, 'topk': 2, 'mask_seen': True}, 0, [60., 70., 70., 70.],
+                     [60.] * 3 + [70.], '2026-12-05T13:00Z')
     control = _summary(spatial, {'num_steps': 4, 'topk': 2, 'glimpse_selection': 'random'}, 0, [80.] * 4, [80.] * 4,
                        '2026-12-05T14:00Z')
     for folder, summary in ((tmp_path / 'results' / 'dsa_k2_steps4_mask_seen' / 'seed0', later),

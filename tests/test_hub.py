@@ -109,8 +109,9 @@ def test_published_folder_loads_offline_through_timm(hub_folder, tmp_path, monke
                                  **run_args)
         assert five.head.out_features == 5 and five.class_embed.num_embeddings == 5
         # and a local file through the overlay
+        local_file = os.path.join(hub_folder, 'model.safetensors')
         local = timm.create_model('recursive_dsa_moe_tiny', pretrained=True, in_chans=1, **run_args,
-                                  pretrained_cfg_overlay=dict(file=os.path.join(hub_folder, 'model.safetensors'))).eval()
+                                  pretrained_cfg_overlay=dict(file=local_file)).eval()
         assert torch.equal(local(x), expected)
 
 

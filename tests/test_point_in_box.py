@@ -118,8 +118,8 @@ def test_command_writes_the_json_and_the_plot(tiny_checkpoints, tmp_path, capsys
     compare = [f'{name}={path}' for name, path in tiny_checkpoints.items()]
     for dataset, box in ((canvases, 'foreground'), ('digits', 'tile')):  # compose canvases, then composed here
         out = tmp_path / f'pib_{box}'
-        assert point_in_box_command.main(['--compare', *compare, '--dataset', dataset, '--box', box, '--num-images', '6',
-                         '--batch-size', '4', '--out', str(out)]) == 0
+        assert point_in_box_command.main(['--compare', *compare, '--dataset', dataset, '--box', box,
+                                          '--num-images', '6', '--batch-size', '4', '--out', str(out)]) == 0
         result = json.loads((out / 'point_in_box.json').read_text())
         assert result['canvases'] == 6 and result['img_size'] == 16 and result['box'] == box, box
         assert list(result['backbones']) == ['softmax', 'entmax', 'reg4'], box

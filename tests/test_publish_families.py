@@ -89,7 +89,8 @@ def test_card_and_config_say_how_to_install_and_that_the_import_is_needed(publis
     assert os.path.dirname(run) not in card
     config = json.load(open(os.path.join(out, 'config.json')))
     assert config['requires']['install'] == INSTALL_COMMAND
-    assert 'import timm_recursive' in config['requires']['usage'] and config['architecture'] in config['requires']['usage']
+    assert ('import timm_recursive' in config['requires']['usage']
+            and config['architecture'] in config['requires']['usage'])
 
 
 @pytest.mark.slow
@@ -99,7 +100,8 @@ def test_card_usage_snippet_runs_on_the_datasets_own_grayscale_images(published)
     card = open(os.path.join(out, 'README.md')).read()
     snippet = re.search(r'```python\n(.*?)```', card, re.S).group(1).replace('hf-hub:me/tiny', f'local-dir:{out}')
     row = resolve_dataset('digits').eval[0]
-    image = row['image'] if isinstance(row['image'], Image.Image) else Image.fromarray(np.asarray(row['image'], np.uint8))
+    image = (row['image'] if isinstance(row['image'], Image.Image)
+             else Image.fromarray(np.asarray(row['image'], np.uint8)))
     assert image.mode == 'L'
     namespace = {'image': image}
     exec(compile(snippet, 'model card usage', 'exec'), namespace)

@@ -351,7 +351,8 @@ def test_summary_probe_command(tmp_path, capsys):
     from timm_recursive.cli.summary_probe import main
     from timm_recursive.runs import export_model
     torch.manual_seed(0)
-    export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=2), str(tmp_path / 'm'))
+    export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=2),
+                 str(tmp_path / 'm'))
     assert main(['--checkpoint', str(tmp_path / 'm'), '--dataset', 'digits', '--train-samples', '300',
                  '--eval-samples', '100', '--markdown']) == 0
     assert capsys.readouterr().out.splitlines()[2].startswith(f'| {tmp_path / "m"} |')
@@ -436,11 +437,14 @@ def test_interventions_command(tmp_path, capsys):
     from timm_recursive.cli.recursion_interventions import main
     from timm_recursive.runs import export_model
     torch.manual_seed(0)
-    export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=2), str(tmp_path / 'm'))
-    assert main(['--checkpoint', str(tmp_path / 'm'), '--dataset', 'digits', '--eval-samples', '101', '--markdown']) == 0
+    export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=2),
+                 str(tmp_path / 'm'))
+    assert main(['--checkpoint', str(tmp_path / 'm'), '--dataset', 'digits', '--eval-samples', '101',
+                 '--markdown']) == 0
     rows = capsys.readouterr().out.splitlines()
     assert len(rows) == 9 and rows[2].startswith('| none (the model as trained) | 2 / 2 |')
-    export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=1), str(tmp_path / 'one'))
+    export_model(timm.create_model('recursive_sa_mlp_tiny', num_classes=10, in_chans=1, num_steps=1),
+                 str(tmp_path / 'one'))
     assert main(['--checkpoint', str(tmp_path / 'one'), '--dataset', 'digits', '--eval-samples', '10']) == 2
     assert 'at least 2 steps' in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -469,7 +473,8 @@ def test_interventions_compare_saved_outputs(tmp_path, capsys):
     from timm_recursive.analysis.recursion_interventions import INTERVENTIONS
     from timm_recursive.cli.recursion_interventions import main
     effect = {'step': 2, 'top1_at_step': 50.0, 'top1_last': 51.0, 'changed': 7.5, 'follows': 4.25}
-    saved = {'checkpoint': 'runs/a', 'step_top1': [60.0, 61.0, 62.0], 'interventions': dict.fromkeys(INTERVENTIONS, effect)}
+    saved = {'checkpoint': 'runs/a', 'step_top1': [60.0, 61.0, 62.0],
+             'interventions': dict.fromkeys(INTERVENTIONS, effect)}
     (tmp_path / 'a.json').write_text(json.dumps(saved))
     assert main(['--compare', str(tmp_path / 'a.json')]) == 0
     assert capsys.readouterr().out.splitlines()[2] == \

@@ -1,4 +1,5 @@
-"""Recursion traces and the report command: tracing changes nothing, the statistics are consistent, files are written."""
+"""Recursion traces and the report command: tracing changes nothing, the statistics are consistent, files are
+written."""
 import json
 
 import pytest

@@ -40,7 +40,8 @@ def test_a_second_run_into_the_same_output_gets_a_new_folder(tmp_path, caplog):
 def test_keep_states_must_be_at_least_one(script, capsys):
     with pytest.raises(SystemExit) as exit_info:
         script.parse_args(['--keep-states', '0'])
-    assert exit_info.value.code == 2 and '--keep-states/--checkpoint-hist: must be at least 1, got 0' in capsys.readouterr().err
+    assert (exit_info.value.code == 2
+            and '--keep-states/--checkpoint-hist: must be at least 1, got 0' in capsys.readouterr().err)
 
 
 @pytest.mark.slow

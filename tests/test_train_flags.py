@@ -86,7 +86,8 @@ def _tiny_run_on(data):
 
 def test_a_flat_class_folder_without_eval_fraction_is_refused(tmp_path, capsys):
     base = _tiny_run_on(_class_folders(tmp_path / 'data'))
-    assert train_script.main(base + ['--epochs', '1', '--eval-fraction', '0', '--output', str(tmp_path / 'no_eval')]) == 2
+    assert train_script.main(base + ['--epochs', '1', '--eval-fraction', '0',
+                                     '--output', str(tmp_path / 'no_eval')]) == 2
     assert 'only a \'train\' split: name an eval split (--eval-split), or hold out' in capsys.readouterr().err
 
 

@@ -46,9 +46,11 @@ def test_deep_supervision_loss_is_the_weighted_sum_of_step_losses():
     logits, target = torch.randn(3, 5, 7), torch.randint(0, 7, (5,))
     w = step_weights(3, 'linear')
     expected = sum(w[t] * F.cross_entropy(logits[t], target, label_smoothing=0.1) for t in range(3))
-    assert deep_supervision_loss(logits, target, w, label_smoothing=0.1).item() == pytest.approx(expected.item(), rel=1e-6)
+    assert (deep_supervision_loss(logits, target, w, label_smoothing=0.1).item()
+            == pytest.approx(expected.item(), rel=1e-6))
     soft = F.one_hot(target, 7).float()  # soft targets (Mixup/CutMix) give the same loss as indices
-    assert deep_supervision_loss(logits, soft, w).item() == pytest.approx(deep_supervision_loss(logits, target, w).item(), rel=1e-6)
+    assert (deep_supervision_loss(logits, soft, w).item()
+            == pytest.approx(deep_supervision_loss(logits, target, w).item(), rel=1e-6))
 
 
 def test_evaluate_steps_counts_per_step_hits():
@@ -216,7 +218,8 @@ def test_load_weights_errors_name_the_file_and_the_problem(tmp_path, problem, me
     if problem == 'other architecture':
         save_file(timm.create_model('recursive_sa_mlp_tiny', num_steps=2).state_dict(), path)
     elif problem == 'shape mismatch':
-        save_file({k: v[..., :1].contiguous() if k == 'head.weight' else v for k, v in model.state_dict().items()}, path)
+        save_file({k: v[..., :1].contiguous() if k == 'head.weight' else v
+                   for k, v in model.state_dict().items()}, path)
     elif problem == 'corrupt':
         with open(path, 'wb') as f:
             f.write(b'\x00' * 10)
@@ -311,10 +314,12 @@ def test_bf16_autocast_and_model_ema(tmp_path):
     for name in ('model.safetensors', 'model_ema.safetensors'):
         model = timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=recorded['in_chans'],
                                   checkpoint_path=os.path.join(state, name), **recorded['model_kwargs'])
-        assert all(torch.equal(v, _state_weights(run, 'epoch0001', name)[k]) for k, v in model.state_dict().items()), name
+        assert all(torch.equal(v, _state_weights(run, 'epoch0001', name)[k])
+                   for k, v in model.state_dict().items()), name
     # the exported (EMA) weights reproduce the recorded accuracy in float32
     out = str(tmp_path / 'e.json')
-    assert evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-eval-samples', '40', '--json', out]) == 0
+    assert evaluate_script.main(['--checkpoint', run, '--dataset', 'digits', '--max-eval-samples', '40',
+                                 '--json', out]) == 0
     assert json.load(open(out))['top1'] == summary['best']['eval_top1_per_step']
 
 

@@ -51,7 +51,8 @@ def test_wheel_builds_installs_and_runs_the_models_in_a_fresh_environment(tmp_pa
     (wheel,) = glob.glob(str(dist / 'timm_recursive-*.whl'))
     names = zipfile.ZipFile(wheel).namelist()
     assert 'timm_recursive/layers/csrc/entmax15_cpu.cpp' in names
-    assert {'timm_recursive/hub/templates/recursive_classifier.md', 'timm_recursive/hub/templates/vision_transformer.md'} <= set(names)
+    assert {'timm_recursive/hub/templates/recursive_classifier.md',
+            'timm_recursive/hub/templates/vision_transformer.md'} <= set(names)
 
     env = tmp_path / 'env'
     venv.create(env, with_pip=False)

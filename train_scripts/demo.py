@@ -36,8 +36,8 @@ from timm_recursive.train import StepOutputs, evaluate_steps
 TARGET = 95.0
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN_ARGS = ['--model', 'recursive_dsa_moe_tiny', '--in-chans', '1', '--model-kwargs', 'num_steps=8',
-              '--dataset', 'digits', '--val-fraction', '0.1', '--epochs', '15', '--batch-size', '64', '--scale', '0.8', '1',
-              '--hflip', '0']
+              '--dataset', 'digits', '--val-fraction', '0.1', '--epochs', '15', '--batch-size', '64',
+              '--scale', '0.8', '1', '--hflip', '0']
 
 
 def show_steps(model, images) -> None:

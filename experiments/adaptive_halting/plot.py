@@ -24,7 +24,8 @@ tables = import_file(STUDY / 'tables.py')
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('results', nargs='?', type=pathlib.Path, default=RESULTS, help='folder of the JSON and the figure')
+    parser.add_argument('results', nargs='?', type=pathlib.Path, default=RESULTS,
+                        help='folder of the JSON and the figure')
     results = parser.parse_args().results
     data = {c: json.loads((results / f'{c}.json').read_text()) for c in ('confidence', 'change', 'halting')
             if (results / f'{c}.json').exists()}

@@ -64,7 +64,8 @@ def _hard_images(result: Dict) -> str:
 
 def _provenance(result: Dict) -> str:
     return (f"{result['criterion']}: weights after epoch {result['checkpoint_epoch']} of {result['run_epochs']}, "
-            f"measured {result['date']}, commit {result['commit'] or 'not recorded'}{' (uncommitted changes)' if result.get('dirty') else ''}, {result['machine']}, "
+            f"measured {result['date']}, commit {result['commit'] or 'not recorded'}"
+            f"{' (uncommitted changes)' if result.get('dirty') else ''}, {result['machine']}, "
             f"{result['timing']['threads']} threads, {result['wall_s']:.0f} s")
 
 

@@ -124,6 +124,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
                                    for i, a in enumerate(ranked[1:], 1) for b in ranked[i + 1:]),
         'headline': ('linear probe top-1 ' + ', '.join(f'{name} {pct(top1[name])}%' for name in ranked)
                      + f'; {ranked[0]} - {ranked[1]} {linear_gap(variants, ranked[0], ranked[1])} points, 95% '
-                     f'interval over the test images (one seed; ViTs of width {any_variant["model_kwargs"]["embed_dim"]} after '
+                     f'interval over the test images (one seed; ViTs of width '
+                     f'{any_variant["model_kwargs"]["embed_dim"]} after '
                      f'{pretraining["train_images"] * pretraining["epochs"]:,} image-passes of DINO on FashionMNIST)'),
     }

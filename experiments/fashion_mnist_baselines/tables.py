@@ -104,7 +104,8 @@ def sparsity_table(runs: List[dict]) -> str:
         if trace is None or 'dsa' not in trace['attention_type']:
             continue
         for layer, measured in enumerate(trace['attention_sparsity']):
-            rows.append([run['label'], run['epochs'], f'layer {layer}, measured'] + [f'{100 * s:.1f}' for s in measured])
+            rows.append([run['label'], run['epochs'], f'layer {layer}, measured']
+                        + [f'{100 * s:.1f}' for s in measured])
         rows.append([run['label'], run['epochs'], f'analytic, k = {trace["topk"]}']
                     + [f'{100 * s:.1f}' for s in trace['analytic_sparsity']])
     steps = max(len(row) for row in rows) - 3

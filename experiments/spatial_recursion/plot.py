@@ -31,7 +31,8 @@ def halting_curve(results: pathlib.Path, cell: str):
     for result in measured:
         for row in result['thresholds']:
             by_threshold.setdefault(row['threshold'], []).append(row)
-    points = sorted((statistics.fmean(r['macs_per_image'] for r in rows) / 1e6, statistics.fmean(r['top1'] for r in rows))
+    points = sorted((statistics.fmean(r['macs_per_image'] for r in rows) / 1e6,
+                     statistics.fmean(r['top1'] for r in rows))
                     for rows in by_threshold.values())
     return points, len(measured)
 

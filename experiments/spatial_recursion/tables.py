@@ -243,7 +243,8 @@ def headline(cells: Dict[str, List[dict]], full: Dict[str, List[dict]], pooled: 
             f'against {beside} (FashionMNIST, 6,000 training images, 4 epochs){full_data_clause(full, pooled, name)}')
 
 
-HALTING_RESULT = import_file(pathlib.Path(__file__).resolve().parent / 'run.py').HALTING_RESULT  # run.py --halting's file
+# run.py --halting's file
+HALTING_RESULT = import_file(pathlib.Path(__file__).resolve().parent / 'run.py').HALTING_RESULT
 
 
 def halting_table(results: pathlib.Path, cells: Dict[str, List[dict]]) -> str:
@@ -303,7 +304,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         missing = 'not measured yet: `experiments/spatial_recursion/run.py`'
         return {**dict.fromkeys(('design_search', 'per_step', 'macs', 'provenance', 'headline', 'halting'), missing),
                 'glimpses': glimpse_table(results), 'full_data': full_data_table(full, pooled)}
-    return {'glimpses': glimpse_table(results), 'design_search': design_search_table(cells), 'per_step': per_step_table(cells),
-            'macs': macs_table(cells), 'provenance': provenance_table(everything), 'headline': headline(cells, full, pooled),
-            'halting': halting_table(results, cells),
+    return {'glimpses': glimpse_table(results), 'design_search': design_search_table(cells),
+            'per_step': per_step_table(cells), 'macs': macs_table(cells), 'provenance': provenance_table(everything),
+            'headline': headline(cells, full, pooled), 'halting': halting_table(results, cells),
             'full_data': full_data_table(full, pooled)}

@@ -145,7 +145,8 @@ def across_runs_table(results: pathlib.Path) -> str:
 def token_fusion_table(report: dict) -> str:
     first = next(iter(report['results'].values()))
     # inference columns, then training ones (``--train-batch-sizes``)
-    batches = [key for key in first if key.startswith('batch_')] + [key for key in first if key.startswith('train_batch_')]
+    batches = ([key for key in first if key.startswith('batch_')]
+               + [key for key in first if key.startswith('train_batch_')])
     rows = []
     for name, r in report['results'].items():
         added = r['gmacs']['clustering_gmacs'] + r['gmacs'].get('merging_gmacs', 0.)

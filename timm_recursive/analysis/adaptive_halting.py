@@ -42,7 +42,8 @@ def fixed_step_predictions(model, batches) -> Tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(predictions, dim=1), torch.cat([batch['label'] for batch in batches])
 
 
-def adaptive_predictions(model, batches, criterion: str, threshold: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
+def adaptive_predictions(model, batches, criterion: str,
+                         threshold: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
     """Predicted class (N,) and steps used (N,) of ``forward_adaptive`` with this criterion and threshold."""
     model.eval()
     outputs = [model.forward_adaptive(batch['pixel_values'], threshold=threshold, criterion=criterion)
@@ -190,7 +191,8 @@ def threshold_table(result: Dict[str, object]) -> str:
     full = result['fixed'][-1]['macs_per_image']
     for f in result['fixed']:
         if f['steps'] in compared:
-            rows.append([f"fixed, {f['steps']} step{'s' if f['steps'] > 1 else ''}", pct(f['top1']), *['' for _ in compared], f['steps'], f['steps'],
+            rows.append([f"fixed, {f['steps']} step{'s' if f['steps'] > 1 else ''}", pct(f['top1']),
+                         *['' for _ in compared], f['steps'], f['steps'],
                          f['steps'], f"{f['macs_per_image'] / 1e6:.2f}", f"{f['macs_per_image'] / full:.3f}",
                          f"{result['fixed_images_per_s']:.0f}" if f['steps'] == result['num_steps'] else '',
                          '1.00x' if f['steps'] == result['num_steps'] else ''])

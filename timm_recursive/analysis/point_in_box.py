@@ -38,7 +38,8 @@ from torch import nn
 
 from .attention_maps import capture_attention
 
-__all__ = ['compose_boxes', 'patch_box_ids', 'box_attention', 'point_in_box', 'write_plot', 'load_canvases', 'DEFINITION']
+__all__ = ['compose_boxes', 'patch_box_ids', 'box_attention', 'point_in_box', 'write_plot', 'load_canvases',
+           'DEFINITION']
 
 Box = Tuple[int, int, int, int]  # top, left, bottom, right in canvas pixels; bottom and right exclusive
 

@@ -142,7 +142,8 @@ def run_linear(args, model) -> dict:
         return classification_features_per_block(model, x, blocks, args.avgpool_patches)
 
     cached = {}
-    for name, split, limit in (('train', splits.train, args.max_train_samples), ('eval', splits.eval, args.max_eval_samples)):
+    for name, split, limit in (('train', splits.train, args.max_train_samples),
+                               ('eval', splits.eval, args.max_eval_samples)):
         loader = DataLoader(_limit(split, limit).with_transform(transform), batch_size=args.batch_size,
                             collate_fn=collate_classification, num_workers=args.workers)
         cached[name] = extract_features(features, loader, 'label', progress=not args.no_progress, desc=name)
@@ -198,7 +199,8 @@ def cache_dense_features(args, model, splits, target_column: str, read_target, t
         return dense_features(model, x, with_cls=args.with_cls, blocks=blocks)
 
     cached = {}
-    for name, split, limit in (('train', splits.train, args.max_train_samples), ('eval', splits.eval, args.max_eval_samples)):
+    for name, split, limit in (('train', splits.train, args.max_train_samples),
+                               ('eval', splits.eval, args.max_eval_samples)):
         loader = DataLoader(_limit(split, limit).with_transform(transform), batch_size=args.batch_size,
                             collate_fn=collate_dense, num_workers=args.workers)
         # half precision halves the memory of the cached patch grids; the probe computes in fp32

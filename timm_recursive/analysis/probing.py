@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    'block_outputs', 'check_backbone', 'check_blocks', 'classification_features', 'classification_features_per_block', 'dense_features',
-    'extract_features', 'FeatureNorm', 'DenseLinearHead',
+    'block_outputs', 'check_backbone', 'check_blocks', 'classification_features', 'classification_features_per_block',
+    'dense_features', 'extract_features', 'FeatureNorm', 'DenseLinearHead',
     'fit_probe', 'linear_probe', 'dense_probe', 'confusion_matrix', 'segmentation_scores', 'compose_canvases',
     'MIN_DEPTH', 'valid_depth', 'depth_metrics', 'depth_probe', 'canvas_depths',
 ]
@@ -121,7 +121,8 @@ def dense_features(model: nn.Module, images: torch.Tensor, with_cls: bool = Fals
 @torch.no_grad()
 def extract_features(fn: Callable[[torch.Tensor], torch.Tensor], loader, target_key: str,
                      dtype: torch.dtype = torch.float32, progress: bool = False, desc: str = 'features'):
-    """``fn(batch['pixel_values'])`` over ``loader``, concatenated on the CPU as ``dtype``, with the batches' ``target_key``."""
+    """``fn(batch['pixel_values'])`` over ``loader``, concatenated on the CPU as ``dtype``, with the batches'
+    ``target_key``."""
     from tqdm.auto import tqdm
     features, targets = [], []
     for batch in tqdm(loader, desc=desc, leave=False, disable=not progress):

@@ -139,7 +139,7 @@ def plot_role_attention(trace: RecursionTrace, path: str) -> None:
 
 
 def plot_expert_routing(trace: RecursionTrace, path: str) -> bool:
-    moe_layers = [l for l in range(trace.num_layers) if trace.expert_share[l]]
+    moe_layers = [layer for layer in range(trace.num_layers) if trace.expert_share[layer]]
     if not moe_layers:
         return False
     plt = _plt()
@@ -186,7 +186,8 @@ def plot_prediction_changes(trace: RecursionTrace, path: str) -> None:
 def _halting_markdown(halting: dict) -> List[str]:
     from timm_recursive.analysis.adaptive_halting import threshold_table
     lines = ['## Adaptive halting', '',
-             f"`forward_adaptive` with the {halting['criterion']} criterion on the same {halting['eval_images']} images: "
+             f"`forward_adaptive` with the {halting['criterion']} criterion on the same "
+             f"{halting['eval_images']} images: "
              'each image stops at its own step. Paired differences from the fixed readouts with their 95% intervals; '
              f"images/s timed on {halting['timing']['images']} images against the full recursion (`halting.json`).", '',
              threshold_table(halting), '']
@@ -198,7 +199,8 @@ def _halting_markdown(halting: dict) -> List[str]:
     return lines
 
 
-def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: bool, halting: Optional[dict] = None) -> str:
+def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: bool,
+              halting: Optional[dict] = None) -> str:
     lines = [f'# Recursion report: {trace.model}', '', f'{trace.num_images} images of {source}.', '',
              f'Command: `{command}`', '', '## Per step', '',
              '| step | tokens | top-1 (%) | confidence (%) | changed (%) | corrections (%) | regressions (%) |',
@@ -209,7 +211,8 @@ def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: boo
             f'{100 * trace.changed[t - 1]:.2f}',
             f'{100 * trace.corrections[t - 1]:.2f}' if trace.corrections else '-',
             f'{100 * trace.regressions[t - 1]:.2f}' if trace.regressions else '-']
-        lines.append(f'| {t + 1} | {sequence_length(t + 1)} | {acc} | {100 * trace.confidence[t]:.2f} | ' + ' | '.join(changes) + ' |')
+        lines.append(f'| {t + 1} | {sequence_length(t + 1)} | {acc} | {100 * trace.confidence[t]:.2f} | '
+                     + ' | '.join(changes) + ' |')
     if trace.corrections:
         lines += ['', f'Over all steps: {100 * sum(trace.corrections):.2f}% corrections, '
                       f'{100 * sum(trace.regressions):.2f}% regressions, {100 * sum(trace.wrong_to_wrong):.2f}% '
@@ -217,8 +220,9 @@ def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: boo
     if trace.first_to_last and trace.num_steps > 1:
         corrected, regressed = trace.first_to_last
         gain, half_width = paired_gain(corrected, regressed, trace.num_images)
-        lines += ['', f'Step 1 to step {trace.num_steps}: {100 * gain:+.2f} points (95% CI {100 * (gain - half_width):+.2f} '
-                      f'to {100 * (gain + half_width):+.2f}, paired over the same images): {100 * corrected:.2f}% of the '
+        lines += ['', f'Step 1 to step {trace.num_steps}: {100 * gain:+.2f} points '
+                      f'(95% CI {100 * (gain - half_width):+.2f} to {100 * (gain + half_width):+.2f}, '
+                      f'paired over the same images): {100 * corrected:.2f}% of the '
                       f'images corrected, {100 * regressed:.2f}% regressed.']
     lines += ['', '![accuracy](accuracy_per_step.png) ![changes](prediction_changes.png)', '',
               '## Attention', '', f'Layers: {", ".join(trace.attention_type)}; DSA k = {trace.topk}.', '']
@@ -228,7 +232,8 @@ def _markdown(trace: RecursionTrace, command: str, source: str, has_routing: boo
         hypothesis = mass[HYPOTHESIS]
         lines.append(f'- layer {layer}, last step: the hypothesis query gives {100 * hypothesis[SUMMARY]:.1f}% of its '
                      f'attention to the summary, {100 * hypothesis[HYPOTHESIS]:.1f}% to itself, '
-                     f'{100 * hypothesis[HISTORY]:.1f}% to the history; measured sparsity {100 * trace.attention_sparsity[layer][last]:.1f}% '
+                     f'{100 * hypothesis[HISTORY]:.1f}% to the history; measured sparsity '
+                     f'{100 * trace.attention_sparsity[layer][last]:.1f}% '
                      f'(analytic {100 * trace.analytic_sparsity[last]:.1f}%).')
     lines += ['', '![sparsity](sparsity_per_step.png)', '', '![role attention](role_attention.png)', '']
     if has_routing:

@@ -51,7 +51,8 @@ def main(argv=None) -> int:
     add_data_arguments(p, default='fashion_mnist')
     p.add_argument('--eval-samples', type=positive_int, default=5000, help='first evaluation images measured')
     p.add_argument('--criterion', default='confidence', choices=HALTING_CRITERIA)
-    p.add_argument('--thresholds', type=halting_threshold, nargs='+', required=True, help='halting thresholds in (0, 1]')
+    p.add_argument('--thresholds', type=halting_threshold, nargs='+', required=True,
+                   help='halting thresholds in (0, 1]')
     p.add_argument('--batch-size', type=positive_int, default=500)
     p.add_argument('--timing-images', type=positive_int, default=1000, help='first evaluation images timed')
     p.add_argument('--val-fraction', type=unit_interval_or_zero, default=SELECTION_FRACTION,

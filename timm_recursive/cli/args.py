@@ -212,7 +212,8 @@ class ModelKwargs(ParseKwargs):
 
 def add_model_arguments(parser) -> None:
     """The command-line arguments that choose a model to evaluate or inspect (see ``model_from_arguments``)."""
-    parser.add_argument('--model', default=None, help='registered model name (with --pretrained, or for a weights file)')
+    parser.add_argument('--model', default=None,
+                        help='registered model name (with --pretrained, or for a weights file)')
     parser.add_argument('--pretrained', action='store_true')
     parser.add_argument('--checkpoint', default=None, help='exported folder, run folder, state folder or weights file')
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs)
@@ -236,13 +237,16 @@ DATASET_HELP = ('digits, a Hub id or alias, a local folder, or a timm name: hfds
 
 def add_data_arguments(parser, default: Optional[str] = 'digits', required: bool = False,
                        dataset_help: str = DATASET_HELP) -> None:
-    """The options that name a dataset and its columns and splits (read with ``timm_recursive.data.resolve_dataset_from_options``)."""
+    """The options that name a dataset and its columns and splits (read with
+    ``timm_recursive.data.resolve_dataset_from_options``)."""
     parser.add_argument('--dataset', default=None if required else default, required=required, help=dataset_help)
     parser.add_argument('--data-dir', default=None, metavar='DIR',
-                        help='timm\'s dataset root: the folder dataset, torch/ files, the hfds/ and hfids/ download cache')
+                        help='timm\'s dataset root: the folder dataset, torch/ files, the hfds/ and hfids/ '
+                             'download cache')
     parser.add_argument('--dataset-config', default=None, metavar='NAME', help='Hugging Face dataset config name')
     parser.add_argument('--dataset-download', action='store_true',
-                        help='torch/: download into --data-dir when missing; hfids/: download whole instead of streaming')
+                        help='torch/: download into --data-dir when missing; hfids/: download whole instead of '
+                             'streaming')
     parser.add_argument('--class-map', default=None, metavar='FILE',
                         help='timm\'s class map (.txt: a class name a line; .pkl: a {name: index} dict): only its '
                              'classes are kept, labelled with its indices')
@@ -277,7 +281,8 @@ def add_halting_arguments(parser: argparse.ArgumentParser) -> None:
     """The options with which ``timm-recursive-evaluate`` and ``timm-recursive report`` measure adaptive halting."""
     from timm_recursive.models.recursive_classifier import HALTING_CRITERIA
     g = parser.add_argument_group('adaptive halting', 'recursive models: measure forward_adaptive per threshold '
-                                  '(accuracy, steps per image, multiply-adds per image, images/s against 16 fixed steps)')
+                                  '(accuracy, steps per image, multiply-adds per image, images/s against 16 '
+                                  'fixed steps)')
     g.add_argument('--halting-thresholds', type=halting_threshold, nargs='+', default=None, metavar='T',
                    help='halting thresholds in (0, 1] to measure (default: none)')
     g.add_argument('--halting-criterion', default='confidence', choices=HALTING_CRITERIA,

@@ -69,7 +69,8 @@ def main(argv=None) -> int:
     parser.add_argument('--out', required=True)
     parser.add_argument('--compare', nargs='+', default=None, metavar='NAME=CHECKPOINT',
                         help='side-by-side PCA maps of these backbones (exported folders), as they are (no conversion)')
-    parser.add_argument('--dataset', default=None, help='with --compare: take the images from this dataset\'s eval split')
+    parser.add_argument('--dataset', default=None,
+                        help='with --compare: take the images from this dataset\'s eval split')
     parser.add_argument('--num-images', type=int, default=4)
     parser.add_argument('--img-size', type=int, default=None, help='with --compare: square input size')
     args = parser.parse_args(argv)

@@ -84,7 +84,8 @@ def add_dense_arguments(p) -> None:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split('\n', 1)[1], allow_abbrev=False)
     sub = p.add_subparsers(dest='command', required=True)
     linear = sub.add_parser('linear', allow_abbrev=False, help='linear classification probe on [CLS] features')

@@ -26,7 +26,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
     add_model_arguments(p)
     add_data_arguments(p, default='fashion_mnist')
-    p.add_argument('--train-samples', type=positive_int, default=6000, help='first training images the probes are fitted on')
+    p.add_argument('--train-samples', type=positive_int, default=6000,
+                   help='first training images the probes are fitted on')
     p.add_argument('--eval-samples', type=positive_int, default=5000,
                    help='first evaluation images they are scored on')
     p.add_argument('--seed', type=int, default=0, help="seed of the MLP probe's initialisation")

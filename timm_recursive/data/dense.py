@@ -189,7 +189,8 @@ def to_mask_array(mask) -> np.ndarray:
     (H, W) array of the label indices: a palette (P) image gives its indices, never its colours."""
     mask = _decode_image(mask)
     if isinstance(mask, Image.Image) and mask.mode not in ('P', 'L', 'I', 'I;16'):
-        raise DatasetError(f'a segmentation mask must hold one label per pixel (PIL mode P, L or I), got mode {mask.mode}')
+        raise DatasetError('a segmentation mask must hold one label per pixel (PIL mode P, L or I), '
+                           f'got mode {mask.mode}')
     array = np.asarray(mask)
     if array.ndim != 2:
         raise DatasetError(f'a segmentation mask must be 2-D (H, W), got shape {array.shape}')

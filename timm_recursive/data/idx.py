@@ -82,5 +82,6 @@ def _array_dataset(images: np.ndarray, labels: np.ndarray, class_names: Sequence
 
 
 def _idx_fallback(alias: str) -> Tuple[Optional[str], List[str]]:
-    dirs = ([os.environ['TIMM_RECURSIVE_IDX_DIR']] if os.environ.get('TIMM_RECURSIVE_IDX_DIR') else []) + IDX_DIRS[alias]
+    override = os.environ.get('TIMM_RECURSIVE_IDX_DIR')
+    dirs = ([override] if override else []) + IDX_DIRS[alias]
     return next((d for d in dirs if _has_idx(d)), None), dirs

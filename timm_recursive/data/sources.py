@@ -319,7 +319,8 @@ def resolve_dataset(
     feature = dd[train].features[label]
     class_names = list(feature.names) if hasattr(feature, 'names') else None
     labels = {split: np.asarray(dd[split][label]) for split in (train, evaluation)}
-    found_classes = len(class_names) if class_names else int(max(l.max() for l in labels.values())) + 1
+    found_classes = (len(class_names) if class_names
+                     else int(max(split_labels.max() for split_labels in labels.values())) + 1)
     num_classes = num_classes or found_classes
     for split, values in labels.items():
         if values.min() < 0 or values.max() >= num_classes:

@@ -140,7 +140,8 @@ def _recursive_context(model: RecursiveClassifier, run: Dict, record: Dict) -> D
     }
 
 
-HALTING_RECORD = 'halting.json'  # a run's adaptive-halting measurement, as timm_recursive.analysis.adaptive_halting prints it
+# a run's adaptive-halting measurement, as timm_recursive.analysis.adaptive_halting prints it
+HALTING_RECORD = 'halting.json'
 
 
 def _halting_section(run: Dict, record: Dict) -> str:

@@ -62,4 +62,4 @@ __all__ = ['TRAINER_STATE', 'CheckpointError', 'CorruptStateError', 'find_last_s
     'write_results_file', 'run_dir_for', 'check_input_size', 'create_classifier', 'create_model_from_checkpoint',
     'create_model_from_run_args', 'DirtyCheckoutError', 'checkout_state', 'describe_hardware', 'provenance',
     'require_clean_checkout', 'typed_command', 'RunRecordError', 'epoch_record', 'is_dino_run', 'load_run',
-    'run_folder', 'selected_on']
+    'run_folder', 'selected_on', 'HUB_ORG', 'PROJECT_URL']

@@ -280,8 +280,10 @@ class ClassifierTraining:
         loader_kw = dict(collate_fn=collate_classification, num_workers=args.workers)  # workers see set_epoch
         self.shuffle_generator = torch.Generator()
         if args.aug_repeats:  # timm's order, keyed to the epoch; the shuffle generator is then unused
-            self.train_loader = DataLoader(train_ds, batch_size=args.batch_size, drop_last=True, sampler=RepeatAugBatches(
-                train_ds, accelerator.num_processes, args.batch_size, args.aug_repeats), **loader_kw)
+            self.train_loader = DataLoader(
+                train_ds, batch_size=args.batch_size, drop_last=True,
+                sampler=RepeatAugBatches(train_ds, accelerator.num_processes, args.batch_size, args.aug_repeats),
+                **loader_kw)
         else:
             self.train_loader = DataLoader(
                 train_ds, batch_size=args.batch_size, shuffle=True, generator=self.shuffle_generator,
