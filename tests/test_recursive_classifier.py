@@ -363,7 +363,12 @@ def test_summary_probe_command(tmp_path, capsys):
 
 
 def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
-    from timm_recursive.analysis.recursion_interventions import INTERVENTIONS, _replacement, edited_step_logits
+    from timm_recursive.analysis.recursion_interventions import (
+        INTERVENTIONS,
+        _replacement,
+        applicable_interventions,
+        edited_step_logits,
+    )
     from timm_recursive.models.recursive_classifier import ROLE_SLOTS
     torch.manual_seed(0)
     model = _tiny(num_steps=2, in_chans=1)
@@ -384,7 +389,8 @@ def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
         if step != 2:
             return tokens
         tokens = tokens.clone()
-        tokens[:, ROLE_SLOTS['history']] = _replacement(model, 'history: other image', tokens, labels, wrong, other)
+        tokens[:, ROLE_SLOTS['history']] = _replacement(model, 'history: other image', tokens, labels, wrong, other,
+                                                       step)
         return tokens
 
     torch.testing.assert_close(edited_step_logits(model, images, swap_history)[-1], expected)
@@ -392,8 +398,10 @@ def test_intervention_edits_exactly_the_named_slots_at_the_named_step():
     torch.testing.assert_close(edited_step_logits(model, images, lambda step, tokens: tokens),
                                model.forward_steps(images)[0])
     tokens = torch.randn(4, 4, TINY['embed_dim'])
-    for name, (role, _) in INTERVENTIONS.items():
-        assert _replacement(model, name, tokens, labels, wrong, other).shape == tokens[:, ROLE_SLOTS[role]].shape, name
+    assert applicable_interventions(model) == [name for name in INTERVENTIONS if not name.startswith('image')]
+    for name in applicable_interventions(model):
+        replaced = tokens[:, ROLE_SLOTS[INTERVENTIONS[name][0]]]
+        assert _replacement(model, name, tokens, labels, wrong, other, 2).shape == replaced.shape, name
 
 
 @pytest.mark.slow

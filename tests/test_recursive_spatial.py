@@ -514,17 +514,66 @@ def test_glimpse_statistics_count_what_each_step_read():
     assert stats['new_regions'][0] <= 2 * 3 and sum(stats['new_regions']) == pytest.approx(64 * coverage[-1])
 
 
-def test_pooled_layout_analyses_refuse_spatial_models():
-    from timm_recursive.analysis.recursion_interventions import recursion_interventions
+def test_a_spatial_model_records_a_recursion_trace_with_the_image_tokens_as_a_role():
     from timm_recursive.analysis.recursion_trace import RecursionTracer
+    torch.manual_seed(0)
+    model = _tiny(num_steps=4, topk=3).eval()
+    x, labels = torch.randn(5, 3, 32, 32), torch.randint(0, 10, (5,))
+    with torch.no_grad():
+        plain = model.forward_steps(x)[0]
+        with RecursionTracer(model) as tracer:
+            traced = model.forward_steps(x)[0]
+            tracer.record_predictions(traced, labels)
+    assert torch.equal(plain, traced)  # the trace reads what the forward computes
+    trace = tracer.result()
+    N = 8 * 8  # the 32 px image's 8 x 8 memory
+    assert trace.roles == ['summary', 'hypothesis', 'history', 'image'] and trace.num_steps == 4
+    for layer in range(trace.num_layers):
+        for t in range(4):
+            L = t + 2  # the hypothesis and t + 1 latents
+            rows = torch.tensor(trace.role_attention[layer][t])
+            assert rows.shape == (4, 4)
+            # rows of the roles that have queries (hypothesis, history) sum to 1; the summary and the image ask nothing
+            assert torch.allclose(rows[1:3].sum(-1), torch.ones(2), atol=1e-5) and rows[[0, 3]].abs().sum() == 0
+            selected = torch.tensor(trace.selected_keys[layer][t])  # (role, N + L keys)
+            assert selected.shape == (4, N + L) and torch.allclose(selected[1:3].sum(-1), torch.full((2,), 3.))
+            assert trace.attention_sparsity[layer][t] == pytest.approx(1 - 3 / (N + L), abs=1e-6)
+            assert trace.analytic_sparsity[t] == pytest.approx(1 - 3 / (N + L))
+    assert all(len(share) == 4 for layer in trace.expert_share for share in layer)  # per role, MoE routing
+
+
+def test_interventions_read_a_spatial_layout_and_swap_its_image():
+    from timm_recursive.analysis.recursion_interventions import (
+        applicable_interventions,
+        edited_step_logits,
+        recursion_interventions,
+    )
+    torch.manual_seed(0)
+    one_step = _tiny(num_steps=1).eval()
+    images, other = torch.randn(3, 3, 32, 32), torch.tensor([2, 0, 1])
+    # one step whose every block reads another image: the prediction of that image (the step tokens are the
+    # learned initial ones, the same for every image)
+    with torch.no_grad():
+        swapped = edited_step_logits(one_step, images, None,
+                                     lambda t, memory: tuple(part[other] for part in memory))
+        torch.testing.assert_close(swapped, one_step.forward_steps(images[other])[0])
+    model = _tiny(num_steps=3, keep_summary=False).eval()
+    assert applicable_interventions(model) == ['hypothesis: true class', 'hypothesis: wrong class',
+                                               'hypothesis: initial', 'history: other image', 'history: initial',
+                                               'image: other image']
+    assert 'summary: other image' in applicable_interventions(_tiny(num_steps=3, keep_summary=True))
+    batches = [{'pixel_values': torch.randn(4, 3, 32, 32), 'label': torch.tensor([0, 1, 2, 3])}]
+    result = recursion_interventions(model, batches)
+    assert set(result['interventions']) == set(applicable_interventions(model))
+    assert result['interventions']['image: other image']['step'] == 3
+
+
+def test_the_summary_probe_refuses_spatial_models():
     from timm_recursive.analysis.summary_probe import summaries_and_steps
     model = _tiny(num_steps=2)
-    assert isinstance(model, RecursiveClassifier)
     batches = [{'pixel_values': torch.randn(2, 3, 32, 32), 'label': torch.tensor([0, 1])}]
-    for call in (lambda: recursion_interventions(model, batches), lambda: RecursionTracer(model),
-                 lambda: summaries_and_steps(model, batches)):
-        with pytest.raises(TypeError, match='pooled'):
-            call()
+    with pytest.raises(TypeError, match='pooled'):
+        summaries_and_steps(model, batches)
 
 
 # compute ---------------------------------------------------------------------------------------------------

@@ -8,8 +8,10 @@ step_logits, labels)`` adds the predictions; ``tracer.result()`` returns a ``Rec
 The attention probabilities are the ones the forward applies, read where ``timm_recursive.layers``
 exposes them (the input of each attention's ``attn_drop``, with the key positions of a DSA layer from
 its ``key_select``); dense layers run timm's unfused attention while traced, which computes them.
-The token roles and the step of a sequence are the model's (``ROLES``, ``step_of_length`` in
-``timm_recursive.models.recursive_classifier``). What the trace holds, averaged over the traced images:
+The token roles and the step of a sequence are the model's layout (``attention_roles``, ``step_of_queries``,
+``query_roles``, ``key_roles`` of ``RecursiveClassifier``): the pooled model's summary, hypothesis and history; a
+spatial model's step tokens and, as a role of their own, the image tokens its queries read (keys only: no step
+updates them). What the trace holds, averaged over the traced images:
 
 * per step: accuracy (with labels), mean confidence (max probability), and for every step after the
   first the fraction of predictions that changed, split into corrections (wrong -> right),
@@ -19,8 +21,9 @@ The token roles and the step of a sequence are the model's (``ROLES``, ``step_of
 * per layer and step: ``role_attention[l][t][q][k]``, the attention mass a query of role q gives to
   the keys of role k (averaged over heads; every row sums to 1); ``attention_sparsity[l][t]``, the
   measured fraction of keys a query gives exactly zero attention, next to ``analytic_sparsity[t]``,
-  ``1 - min(k, L) / L`` for DSA layers; for DSA layers ``selected_keys[l][t][q][j]``, the fraction of
-  role-q queries whose top-k selection includes key position j;
+  ``1 - min(k, M) / M`` for DSA layers over M keys (the L step tokens, plus the image's tokens for a spatial
+  model); for DSA layers ``selected_keys[l][t][q][j]``, the fraction of role-q queries whose top-k selection
+  includes key position j;
 * per MoE layer and step: ``expert_share[l][t][r][e]``, the share of role-r tokens' expert slots routed
   to expert e (rows sum to 1), ``expert_load[l][t][e]`` (all tokens), ``router_prob[l][t][e]`` (mean
   router probability) and ``balance_loss[l][t]`` (the layer's auxiliary loss).
@@ -40,14 +43,7 @@ from timm_recursive.layers import (
     attention_map,
     sparse_attention_sparsity,
 )
-from timm_recursive.models.recursive_classifier import (
-    ROLES,
-    RecursiveClassifier,
-    sequence_length,
-    step_of_length,
-    token_roles,
-)
-from timm_recursive.models.recursive_classifier_spatial import SpatialRecursiveClassifier
+from timm_recursive.models.recursive_classifier import ROLES, RecursiveClassifier
 
 __all__ = ['RecursionTrace', 'RecursionTracer']
 
@@ -121,9 +117,6 @@ class RecursionTracer:
     def __init__(self, model: nn.Module, name: str = ''):
         if not isinstance(model, RecursiveClassifier):
             raise TypeError(f'recursion traces need a RecursiveClassifier, got {type(model).__name__}')
-        if isinstance(model, SpatialRecursiveClassifier):
-            raise TypeError('recursion traces read the pooled token layout [summary; hypothesis; history]; '
-                            f'{type(model).__name__} attends to image tokens too (not supported yet)')
         if model.num_classes == 0:
             raise ValueError('recursion traces need a classifier (num_classes > 0): the steps feed back predictions')
         self.model = model
@@ -131,6 +124,7 @@ class RecursionTracer:
         self._hooks: List = []
         self._unfused: List[nn.Module] = []  # dense attention layers whose fused kernel the tracer turned off
         self._key_indices: Dict[int, torch.Tensor] = {}  # layer -> the DSA key positions of its current forward
+        self._image_tokens = 0  # the image tokens a spatial model's queries read (keys before the step tokens)
         self._attn = _Sums()  # (layer, step, what) -> sums
         self._moe = _Sums()
         self._pred = _Sums()
@@ -142,19 +136,27 @@ class RecursionTracer:
             self._key_indices[layer] = inputs[0]
         return hook
 
+    def _memory_hook(self, module, args):
+        # a spatial block's attention is called (queries, memory keys and values, mask): the memory's keys are
+        # (B, N, 2D) for the sparse layer, (B, heads, N, D) for the dense one
+        self._image_tokens = args[1][0].shape[-2]
+
     def _attention_hook(self, layer: int, sparse: bool):
-        R = len(ROLES)
+        model = self.model
+        R = len(model.attention_roles())
 
         def hook(module, inputs, output):
+            L = inputs[0].shape[1] if sparse else inputs[0].shape[2]
             if sparse:  # (B, L, H, n) over the keys its key_select saw in this forward
-                probs = attention_map(inputs[0], self._key_indices.pop(layer))
-            else:  # timm's layout (B, H, L, L)
+                probs = attention_map(inputs[0], self._key_indices.pop(layer), L + self._image_tokens)
+            else:  # timm's layout (B, H, L, M)
                 probs = inputs[0].transpose(1, 2)
-            probs = probs.float()  # (B, L, H, L)
-            B, L = probs.shape[:2]
-            step = step_of_length(L)
-            roles = token_roles(L, probs.device)
-            mass = torch.zeros(*probs.shape[:3], R, device=probs.device).index_add_(-1, roles, probs)  # (B, L, H, R)
+            probs = probs.float()  # (B, L, H, M)
+            B, M = probs.shape[0], probs.shape[-1]
+            step = model.step_of_queries(L)
+            roles = model.query_roles(L, probs.device)
+            keys = model.key_roles(L, M, probs.device)
+            mass = torch.zeros(*probs.shape[:3], R, device=probs.device).index_add_(-1, keys, probs)  # (B, L, H, R)
             per_query = mass.mean(dim=(0, 2))  # (L, R), rows sum to 1
             query_counts = torch.bincount(roles, minlength=R).float()
             by_role = torch.zeros(R, R, device=probs.device).index_add_(0, roles, per_query)
@@ -162,21 +164,22 @@ class RecursionTracer:
             zeros = (probs == 0).float().mean(dim=-1)  # (B, L, H)
             self._attn.add((layer, step, 'sparsity'), zeros.sum(), zeros.numel())
             if sparse:
-                selected = (probs > 0).any(dim=2).float().sum(0)  # (L queries, L keys): images selecting
-                by_query_role = torch.zeros(R, L, device=probs.device).index_add_(0, roles, selected)
-                self._attn.add((layer, step, 'selected'), by_query_role, (query_counts * B).unsqueeze(1).expand(R, L))
+                selected = (probs > 0).any(dim=2).float().sum(0)  # (L queries, M keys): images selecting
+                by_query_role = torch.zeros(R, M, device=probs.device).index_add_(0, roles, selected)
+                self._attn.add((layer, step, 'selected'), by_query_role, (query_counts * B).unsqueeze(1).expand(R, M))
         return hook
 
     def _moe_hook(self, layer: int):
-        R = len(ROLES)
+        model = self.model
+        R = len(model.attention_roles())
 
         def hook(module, inputs, output):
             x = inputs[0]
             B, L, C = x.shape
-            step = step_of_length(L)
+            step = model.step_of_queries(L)
             _, probs, _, experts = module.route(x.reshape(-1, C))  # (B*L, E), (B*L, m)
             E, m = module.num_experts, experts.shape[-1]
-            roles = token_roles(L, x.device).repeat(B)  # (B*L,)
+            roles = model.query_roles(L, x.device).repeat(B)  # (B*L,)
             slots = torch.zeros(B * L, E, device=x.device).scatter_add_(
                 1, experts, torch.ones_like(experts, dtype=torch.float))  # assignments per token and expert
             share = torch.zeros(R, E, device=x.device).index_add_(0, roles, slots)
@@ -191,6 +194,8 @@ class RecursionTracer:
         for layer, block in enumerate(self.model.blocks):
             attn = block.attn
             sparse = isinstance(attn, DynamicSparseAttention)
+            if hasattr(attn, 'memory_kv'):  # a spatial block's attention reads the image's keys and values
+                self._hooks.append(attn.register_forward_pre_hook(self._memory_hook))
             if sparse:
                 self._hooks.append(attn.key_select.register_forward_hook(self._key_select_hook(layer)))
             elif attn.fused_attn:  # the fused kernel returns no probabilities
@@ -246,21 +251,28 @@ class RecursionTracer:
 
         dsa = [isinstance(b.attn, DynamicSparseAttention) for b in model.blocks]
         topk = next((b.attn.topk for b in model.blocks if isinstance(b.attn, DynamicSparseAttention)), None)
-        analytic = [sparse_attention_sparsity(sequence_length(t), topk) if topk is not None else 0. for t in steps]
+        # the keys of step t: its step tokens (the model's layout: t plus a fixed count) and the image's tokens
+        tokens_beyond_step = 1 - model.step_of_queries(1)
+        analytic = [sparse_attention_sparsity(t + tokens_beyond_step + self._image_tokens, topk)
+                    if topk is not None else 0. for t in steps]
         with_moe = [isinstance(b.moe, MixtureOfExperts) for b in model.blocks]
+
+        def moe(layer: int, what: str, empty) -> list:  # a layer's MoE statistics per step (none: no MoE)
+            return per_step(self._moe, layer, what, empty) if with_moe[layer] else []
         return RecursionTrace(
             model=self.name, num_steps=T, num_layers=layers, num_images=self._num_images,
             attention_type=['dsa' if d else 'dense' for d in dsa], topk=topk,
             accuracy=predictions('accuracy'), confidence=predictions('confidence'),
             changed=predictions('changed') or [], corrections=predictions('corrections') or [],
             regressions=predictions('regressions') or [], wrong_to_wrong=predictions('wrong_to_wrong') or [],
-            role_attention=[per_step(self._attn, l, 'roles', []) for l in range(layers)],
-            attention_sparsity=[per_step(self._attn, l, 'sparsity', None) for l in range(layers)],
+            role_attention=[per_step(self._attn, layer, 'roles', []) for layer in range(layers)],
+            attention_sparsity=[per_step(self._attn, layer, 'sparsity', None) for layer in range(layers)],
             analytic_sparsity=analytic,
-            selected_keys=[per_step(self._attn, l, 'selected', []) if dsa[l] else [] for l in range(layers)],
-            expert_share=[per_step(self._moe, l, 'share', []) if with_moe[l] else [] for l in range(layers)],
-            expert_load=[per_step(self._moe, l, 'load', []) if with_moe[l] else [] for l in range(layers)],
-            router_prob=[per_step(self._moe, l, 'router', []) if with_moe[l] else [] for l in range(layers)],
-            balance_loss=[per_step(self._moe, l, 'balance', None) if with_moe[l] else [] for l in range(layers)],
-            first_to_last=predictions('first_to_last'),
+            selected_keys=[per_step(self._attn, layer, 'selected', []) if dsa[layer] else []
+                           for layer in range(layers)],
+            expert_share=[moe(layer, 'share', []) for layer in range(layers)],
+            expert_load=[moe(layer, 'load', []) for layer in range(layers)],
+            router_prob=[moe(layer, 'router', []) for layer in range(layers)],
+            balance_loss=[moe(layer, 'balance', None) for layer in range(layers)],
+            first_to_last=predictions('first_to_last'), roles=list(model.attention_roles()),
         )

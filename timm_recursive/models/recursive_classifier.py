@@ -357,6 +357,35 @@ class RecursiveClassifier(nn.Module):
     def no_weight_decay(self):
         return {'y_init', 'z_init', 'role_embed', 'class_embed.weight'}
 
+    # The token layout, as analyses read it (a recursion trace, interventions): the roles of the tokens the
+    # attention sees, the step tokens' slots and roles, and the roles of the keys a step's queries attend to.
+    @torch.jit.ignore
+    def attention_roles(self) -> Tuple[str, ...]:
+        """The roles of the tokens this model's attention sees, in the order of their indices."""
+        return ROLES
+
+    @torch.jit.ignore
+    def step_of_queries(self, num_queries: int) -> int:
+        """The recursion step (counting from 1) whose step tokens number ``num_queries``."""
+        return step_of_length(num_queries)
+
+    @torch.jit.ignore
+    def token_slots(self) -> Dict[str, slice]:
+        """Each role's positions among a step's tokens (the blocks' input): summary, hypothesis, history."""
+        return dict(ROLE_SLOTS)
+
+    @torch.jit.ignore
+    def query_roles(self, num_queries: int, device=None) -> torch.Tensor:
+        """The role index of each of a step's ``num_queries`` tokens."""
+        return token_roles(num_queries, device)
+
+    @torch.jit.ignore
+    def key_roles(self, num_queries: int, num_keys: int, device=None) -> torch.Tensor:
+        """The role index of each key a step's queries attend to: here the step tokens themselves."""
+        if num_keys != num_queries:
+            raise ValueError(f'the pooled model attends to its {num_queries} step tokens, not to {num_keys} keys')
+        return self.query_roles(num_queries, device)
+
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False):
         return dict(
@@ -414,7 +443,8 @@ class RecursiveClassifier(nn.Module):
         return self._summarize(feature_map).unsqueeze(1) + self.role_embed[self.summary_role]
 
     def _keep_context(self, context: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """The context of the images ``keep`` (their indices in the batch): ``forward_adaptive``'s halted images leave."""
+        """The context of the images ``keep`` (their indices in the batch), as ``forward_adaptive``'s halted images
+        leave."""
         return context[keep]
 
     def _hypothesis_embed(self, logits: torch.Tensor, with_grad: bool) -> torch.Tensor:
@@ -445,6 +475,10 @@ class RecursiveClassifier(nn.Module):
             aux = aux + blk_aux
         return self.norm(tokens), aux
 
+    def hypothesis_token(self, y: torch.Tensor, t: int) -> torch.Tensor:
+        """Step ``t``'s hypothesis token (B, d) as the blocks read it: the class embedding ``y`` plus its role."""
+        return y + self.role_embed[self.hypothesis_role]
+
     def _step(
             self, summary: torch.Tensor, y: torch.Tensor, history: torch.Tensor, t: int,
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -455,7 +489,7 @@ class RecursiveClassifier(nn.Module):
         hypothesis-slot output (B, d) that the logits and the halting head read, the new latent z_t (B, 1, d),
         the summed MoE auxiliary loss and the context for the next step (the same summary).
         """
-        hypothesis = (y + self.role_embed[self.hypothesis_role]).unsqueeze(1)
+        hypothesis = self.hypothesis_token(y, t).unsqueeze(1)
         tokens, aux = self._transform(
             torch.cat([summary, hypothesis, history + self.role_embed[self.history_role]], dim=1))
         return tokens, tokens[:, self.hypothesis_slot], tokens[:, self.new_latent_slot].unsqueeze(1), aux, summary

@@ -63,7 +63,7 @@ The recursion loop, ``forward_adaptive``, ``forward_head`` and ``forward_interme
 this model supplies its own step inputs through the loop's hooks (``_feature_map``, ``_stage``, ``_step_context``,
 ``_step``, ``_keep_context``). Measurements of these designs: ``experiments/spatial_recursion``.
 """
-from typing import Final, List, Optional, Tuple, Union
+from typing import Dict, Final, List, Optional, Tuple, Union
 
 import torch
 from timm.layers import register_notrace_function, resample_abs_pos_embed, to_2tuple, trunc_normal_
@@ -78,11 +78,18 @@ from ._pretrained import HUB_ORG, pretrained_errors
 from .recursive_classifier import (
     _CIFAR_ARGS,
     _TINY_ARGS,
+    HISTORY,
+    HYPOTHESIS,
+    ROLES,
+    SUMMARY,
     RecursiveBlock,
     RecursiveClassifier,
     _dataset_cfgs,
     check_image_input,
 )
+
+# a step's context: every block's memory keys and values, the summary token if kept, every block's glimpse mask
+StepContext = Tuple[List[Tuple[torch.Tensor, torch.Tensor]], Optional[torch.Tensor], List[Optional[torch.Tensor]]]
 
 torch.fx.wrap('check_image_input')  # a leaf in FX graphs here too (torch.fx.wrap patches the caller's module)
 
@@ -287,6 +294,32 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
     def no_weight_decay(self):
         return super().no_weight_decay() | {'pos_embed', 'step_embed'}
 
+    # the token layout: the step tokens are [summary?; hypothesis; history], the keys [image tokens; step tokens]
+    @torch.jit.ignore
+    def attention_roles(self) -> Tuple[str, ...]:
+        return ROLES + ('image',)
+
+    @torch.jit.ignore
+    def step_of_queries(self, num_queries: int) -> int:
+        return num_queries - self.hypothesis_slot - 1
+
+    @torch.jit.ignore
+    def token_slots(self) -> Dict[str, slice]:
+        start = self.hypothesis_slot
+        slots = {'hypothesis': slice(start, start + 1), 'history': slice(start + 1, None)}
+        return {'summary': slice(0, 1), **slots} if self.keep_summary else slots
+
+    @torch.jit.ignore
+    def query_roles(self, num_queries: int, device=None) -> torch.Tensor:
+        first = SUMMARY if self.keep_summary else HYPOTHESIS
+        return (torch.arange(num_queries, device=device) + first).clamp(max=HISTORY)
+
+    @torch.jit.ignore
+    def key_roles(self, num_queries: int, num_keys: int, device=None) -> torch.Tensor:
+        """The image tokens (role ``image``, after the pooled roles) first, then the step tokens."""
+        image = torch.full((num_keys - num_queries,), len(ROLES), dtype=torch.long, device=device)
+        return torch.cat([image, self.query_roles(num_queries, device)])
+
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False):
         return dict(
@@ -341,7 +374,7 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
 
     def _step_context(
             self, feature_map: torch.Tensor,
-    ) -> Tuple[List[Tuple[torch.Tensor, torch.Tensor]], Optional[torch.Tensor], List[Optional[torch.Tensor]]]:
+    ) -> StepContext:
         """What every step reads besides the hypothesis and the history: every block's keys and values of the
         image tokens (computed once per forward), the summary token if kept, and per block the image tokens
         earlier glimpses selected (B, N), all False (None without ``mask_seen``)."""
@@ -357,30 +390,29 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
 
     def _keep_context(
             self,
-            context: Tuple[List[Tuple[torch.Tensor, torch.Tensor]], Optional[torch.Tensor], List[Optional[torch.Tensor]]],
+            context: StepContext,
             keep: torch.Tensor,
-    ) -> Tuple[List[Tuple[torch.Tensor, torch.Tensor]], Optional[torch.Tensor], List[Optional[torch.Tensor]]]:
+    ) -> StepContext:
         memory, summary, seen = context
         return ([(k[keep], v[keep]) for k, v in memory], None if summary is None else summary[keep],
                 [None if s is None else s[keep] for s in seen])
 
     # the recursion ------------------------------------------------------------------------------
+    def hypothesis_token(self, y: torch.Tensor, t: int) -> torch.Tensor:
+        """Step ``t``'s hypothesis token: the class embedding ``y``, its role, and the step's embedding."""
+        hypothesis = y + self.role_embed[self.hypothesis_role]
+        if self.step_embed is not None:
+            hypothesis = hypothesis + self.step_embed[t - 1]
+        return hypothesis
+
     def _step(
-            self,
-            context: Tuple[List[Tuple[torch.Tensor, torch.Tensor]], Optional[torch.Tensor], List[Optional[torch.Tensor]]],
-            y: torch.Tensor,
-            history: torch.Tensor,
-            t: int,
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-               Tuple[List[Tuple[torch.Tensor, torch.Tensor]], Optional[torch.Tensor], List[Optional[torch.Tensor]]]]:
+            self, context: StepContext, y: torch.Tensor, history: torch.Tensor, t: int,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, StepContext]:
         """Step ``t`` (counting from 1): the blocks over ``[summary?; y + role + step; history + role]`` reading the
         memory of ``context``. Returns the normalised step tokens, the hypothesis-slot output, the new latent
         (B, 1, d), the summed auxiliary loss and the context with the glimpse masks updated."""
         memory, summary, seen = context
-        hypothesis = y + self.role_embed[self.hypothesis_role]
-        if self.step_embed is not None:
-            hypothesis = hypothesis + self.step_embed[t - 1]
-        parts = [hypothesis.unsqueeze(1), history + self.role_embed[self.history_role]]
+        parts = [self.hypothesis_token(y, t).unsqueeze(1), history + self.role_embed[self.history_role]]
         if summary is not None:
             parts.insert(0, summary)
         tokens = torch.cat(parts, dim=1)
