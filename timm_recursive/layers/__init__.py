@@ -30,7 +30,8 @@ from .token_fusion import (
     DEFAULT_IMPORTANCE_SCORE, FUSION_MODES, IMPORTANCE_SCORES, clustering_macs, cls_importance, density_peak_clusters,
     fuse_tokens, fusion_objective_terms, fusion_output_counts, gumbel_keep_mask, keep_mask_softmax, num_kept,
     ratio_loss, split_by_importance, token_sources, weighted_cluster_means, TOME_MODE, R_SCHEDULES, tome_r_schedule,
-    num_merged, bipartite_soft_matching, merge_by_size, merge_tokens, merging_macs, fused_sizes)
+    num_merged, bipartite_soft_matching, merge_by_size, merged_positions, merge_tokens, unmerge_tokens, merging_macs,
+    fused_sizes)
 from .token_fusion_patch import (
     ClsRowAttention, KeepMaskedBlocks, KeepPredictor, ReductionPoint, TokenFusion, TokenFusionBlock,
     TokenFusionObjective, apply_token_fusion, record_token_fusion, TokenMerging, TokenMergingBlock, ProportionalBlock,
