@@ -523,3 +523,34 @@ def test_every_timm_vit_family_that_cannot_merge_refuses_in_one_line(row):
     with pytest.raises(TypeError, match=why) as error:
         apply_token_fusion(model, mode='tome', r=2)
     assert '\n' not in str(error.value)
+
+
+def test_merge_maps_draw_each_group_in_its_own_colour():
+    from timm_recursive.analysis.token_fusion_maps import draw_merge_groups, merge_groups
+    model, _ = _pair('deit_tiny_patch16_224', **_small(''))
+    apply_token_fusion(model, mode='tome', r=3)
+    x = torch.randn(2, 3, 32, 32)
+    groups = merge_groups(model, x)
+    assert groups.shape == (2, 16) and all(len(g.unique()) == 16 - 9 for g in groups)  # 3 blocks merge 3 each
+    with record_token_fusion(model) as records:
+        model(x)
+    assert torch.equal(groups, token_sources(list(records.values()), 16)[-1]['token'])
+    # two groups on a 2 x 2 grid: the left column and the right one, 8 x 8 pixels
+    picture = torch.rand(8, 8, 3, dtype=torch.float64).numpy()
+    drawn = draw_merge_groups(picture, torch.tensor([[0, 5], [0, 5]]).numpy())
+    left, right = drawn[1:-1, :3], drawn[1:-1, 5:]  # inside each group: its mean colour
+    assert (abs(left - picture[:, :4].reshape(-1, 3).mean(0)) < 1e-9).all()
+    assert (abs(right - picture[:, 4:].reshape(-1, 3).mean(0)) < 1e-9).all()
+    assert (drawn[:, 3] == drawn[0, 3]).all() and (drawn[:, 4] == drawn[0, 4]).all()  # the outlines, one colour each
+    assert not (drawn[0, 3] == drawn[0, 4]).all()
+    with pytest.raises(TypeError, match='does not merge tokens'):
+        merge_groups(timm.create_model('deit_tiny_patch16_224', **_small('')), x)
+
+
+@pytest.mark.slow
+def test_merge_maps_command_writes_a_png_per_image(tmp_path):
+    from timm_recursive.cli.token_fusion_maps import main
+    assert main(['--model', 'deit_tiny_patch16_224', '--mode', 'tome', '--r', '8', '--out', str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        'token_merging.json', 'token_merging_0.png', 'token_merging_1.png']
+    assert json.loads((tmp_path / 'token_merging.json').read_text())[0]['groups'] == 196 - 8 * 12
