@@ -51,15 +51,18 @@ tokens, and neither term is one of DynamicViT's ratio or distillation losses).
 ``token_sources`` composes recorded reductions into, for every original patch, the token that
 stands for it now, and how many patches each token stands for.
 
-ToMe (``TOME_MODE``, a mode of ``token_fusion_patch.apply_token_fusion``; Bolya et al. 2023, written
-from the paper's description): every block merges ``r`` tokens (``tome_r_schedule``, at most half the
-non-prefix ones, ``num_merged``) by bipartite soft matching (``bipartite_soft_matching``: alternate
-tokens in sets A and B, each A token joined to its most similar B token by the cosine of the keys
-averaged over heads, the ``r`` most similar joins kept) and size-weighted means (``merge_by_size``),
-the prefix tokens never merged and the remaining tokens in their input order (``merge_tokens``). A
-token's size, the input tokens it stands for, is carried from block to block; proportional attention
-adds ``log(size)`` to the attention logits (``cls_importance`` takes it too). ``fused_sizes`` gives the
-sizes after one of the source's reductions, for its modes with proportional attention.
+ToMe (``TOME_MODE``, a mode of ``token_fusion_patch.apply_token_fusion``; Bolya et al. 2023), matched to the
+authors' implementation (golden outputs in ``tests/data/tome_golden``): every block merges ``r`` tokens
+(``tome_r_schedule``, at most half the non-prefix ones, ``num_merged``) by bipartite soft matching
+(``bipartite_soft_matching``: the tokens alternate between sets A and B, counted from [CLS] and the
+distillation token as ToMe counts them; each A token joined to its most similar B token by the cosine of
+the keys averaged over heads, the ``r`` most similar joins kept) and size-weighted means (``merge_by_size``);
+the prefix tokens are never merged, and the output is ToMe's order: the prefix, the unmerged A tokens, then
+every B token (``merge_tokens``). A token's size, the input tokens it stands for, is carried from block to
+block; proportional attention adds ``log(size)`` to the attention logits (``cls_importance`` takes it too).
+``merged_positions`` and ``unmerge_tokens`` map merged tokens back onto the patches they stand for.
+``fused_sizes`` gives the sizes after one of the source's reductions, for its modes with proportional
+attention.
 """
 import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
