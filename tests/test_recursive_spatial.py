@@ -11,7 +11,7 @@ import timm_recursive  # noqa: F401
 from timm_recursive.analysis import forward_macs
 from timm_recursive.analysis.efficiency import build_reports, efficiency_report, memory_tokens
 from timm_recursive.layers import DynamicSparseAttention, MemoryAttention, MemorySparseAttention, attention_map
-from timm_recursive.models import RecursiveClassifier, SpatialRecursiveClassifier
+from timm_recursive.models import SpatialRecursiveClassifier
 from timm_recursive.models.recursive_classifier_spatial import memory_grid_size, step_token_count
 
 REGISTERED = [

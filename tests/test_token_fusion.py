@@ -86,7 +86,9 @@ def test_helper_patches_other_vits_without_changing_keys(name, kwargs):
             model(x)
     n = model.patch_embed.num_patches
     assert list(reductions) == [1, 5]
-    assert [r['keep_index'].shape[1] for r in reductions.values()] == [math.ceil(n / 2), math.ceil((math.ceil(n / 2) + 4) / 2)]  # 4 fused tokens by default
+    # 4 fused tokens by default
+    kept = [math.ceil(n / 2), math.ceil((math.ceil(n / 2) + 4) / 2)]
+    assert [r['keep_index'].shape[1] for r in reductions.values()] == kept
 
 
 def test_qk_norm_model_and_fused_row_matches_the_explicit_attention_map():
@@ -167,8 +169,8 @@ def test_density_peaks_find_separated_groups_per_image():
     same = torch.zeros(1, 5, 4)
     assert sorted(density_peak_clusters(same, 2).unique().tolist()) == [0, 1]
     w = torch.tensor([[1., 3.]])
-    torch.testing.assert_close(weighted_cluster_means(torch.tensor([[[0.], [4.]]]), w, torch.zeros(1, 2, dtype=torch.long), 1),
-                               torch.tensor([[[3.]]]))
+    means = weighted_cluster_means(torch.tensor([[[0.], [4.]]]), w, torch.zeros(1, 2, dtype=torch.long), 1)
+    torch.testing.assert_close(means, torch.tensor([[[3.]]]))
 
 
 def test_token_sources_track_every_patch_and_cluster_sizes():
@@ -301,7 +303,8 @@ def test_fusion_stages_say_which_patches_each_block_keeps_and_fuses():
 def test_fusion_maps_command_writes_a_png_per_image(tmp_path):
     from timm_recursive.cli.token_fusion_maps import main
     assert main(['--model', 'deit_tiny_patch16_224', '--keep-rate', '0.5', '--out', str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ['token_fusion.json', 'token_fusion_0.png', 'token_fusion_1.png']
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == ['token_fusion.json', 'token_fusion_0.png', 'token_fusion_1.png']
 
 
 def test_cost_adds_the_clustering_of_every_recorded_reduction():
@@ -334,7 +337,8 @@ def test_modes_token_counts_identity_and_batch_consistency(mode):
         _outputs_equal(model, reference, x)  # keep 1.0: the plain DeiT, whatever the mode and score
     apply_token_fusion(model, keep_rate=0.5, mode=mode)
     counts = MODE_COUNTS[mode]
-    assert model.token_counts() == [1 + n for n in [counts[0]] * 3 + [counts[1]] * 3 + [counts[2]] * 3 + [counts[3]] * 3]
+    per_block = [counts[0]] * 3 + [counts[1]] * 3 + [counts[2]] * 3 + [counts[3]] * 3
+    assert model.token_counts() == [1 + n for n in per_block]
     seen = []
     hooks = [b.mlp.register_forward_hook(lambda m, i, o: seen.append(o.shape[1])) for b in model.blocks]
     with torch.no_grad(), record_token_fusion(model) as reductions:
@@ -416,7 +420,8 @@ def test_importance_loss_is_the_attention_mass_left_to_fusion():
     torch.testing.assert_close(terms['imp'], (1 - kept).mean())
     terms['imp'].backward()
     # lowering an inattentive token's importance lowers the loss; raising a kept one's too
-    assert (importance.grad.gather(1, record['fuse_index']) > importance.grad.gather(1, record['keep_index']).max()).all()
+    fused_grad, kept_grad = (importance.grad.gather(1, record[key]) for key in ('fuse_index', 'keep_index'))
+    assert (fused_grad > kept_grad.max()).all()
     assert fusion_objective_terms(patches, importance, {}) == {}
 
 
@@ -504,7 +509,8 @@ def test_finetune_a_fused_model_from_dense_weights_with_the_objective(tmp_path, 
 
 @pytest.mark.slow
 def test_imagenet_evaluation_command_runs_offline_on_an_imagefolder(tmp_path):
-    """The README's ImageNet command, with a local DeiT-Ti weight file and a 2-class val/ folder for the Hub and ImageNet."""
+    """The README's ImageNet command, with a local DeiT-Ti weight file and a 2-class val/ folder for the Hub and
+    ImageNet."""
     from PIL import Image
     from safetensors.torch import save_file
 

@@ -1,6 +1,8 @@
 """Mode ``tome`` of ``apply_token_fusion`` (ToMe's bipartite soft matching) and proportional attention."""
+import importlib.util
 import json
 import math
+import pathlib
 import warnings
 
 import pytest
@@ -22,6 +24,7 @@ from timm_recursive.layers import (
     num_merged,
     token_sources,
     tome_r_schedule,
+    unmerge_tokens,
 )
 from timm_recursive.models import apply_token_fusion, record_token_fusion
 
@@ -125,19 +128,21 @@ def test_a_merged_token_is_the_size_weighted_mean_of_what_it_merged():
     cls = torch.randn(1, C)
     x = torch.cat([cls, patches])[None]
     size = torch.tensor([[1., 2., 3., 1., 4., 5., 6.]])
-    out, new_size, record = merge_tokens(x, size, x, r=2, num_prefix_tokens=1)
+    # alternation_offset 0: the sets as named above (a prefix token ToMe would not count, as a register)
+    out, new_size, record = merge_tokens(x, size, x, r=2, num_prefix_tokens=1, alternation_offset=0)
     # the two most similar joins: A2 -> B0 (cosine 0.995) and A0 -> B0 (0.958); A1 -> B1 (0.894) is left
-    assert sorted(record['src_index'][0].tolist()) == [0, 4] and record['dst_index'][0].tolist() == [1, 1]
-    assert record['kept_index'][0].tolist() == [0, 2, 3, 4, 6]  # order kept; B0 at its own position
+    assert record['src_index'][0].tolist() == [4, 0] and record['dst_index'][0].tolist() == [1, 1]
+    # ToMe's order: the prefix, the unmerged A tokens, then every B token
+    assert record['kept_index'][0].tolist() == [0, 3, 2, 4, 6]
     expected_b0 = (2 * patches[0] + 3 * patches[1] + 5 * patches[4]) / (2 + 3 + 5)
-    torch.testing.assert_close(out[0, 1], expected_b0)
-    assert new_size[0].tolist() == [1., 10., 1., 4., 6.]
-    for out_pos, in_pos in ((0, 0), (2, 3), (3, 4), (4, 6)):  # untouched tokens exactly as they were
+    torch.testing.assert_close(out[0, 2], expected_b0)
+    assert new_size[0].tolist() == [1., 1., 10., 4., 6.]
+    for out_pos, in_pos in ((0, 0), (1, 3), (3, 4), (4, 6)):  # untouched tokens exactly as they were
         assert torch.equal(out[0, out_pos], x[0, in_pos])
     # the same through the lower-level pieces, and a gradient to every input that survives or merged
-    src, dst = bipartite_soft_matching(patches[None], 2)
+    src, dst, kept = bipartite_soft_matching(patches[None], 2, alternation_offset=0)
     xg = x.clone().requires_grad_()
-    merged, _, kept = merge_by_size(xg, size, src + 1, dst + 1)
+    merged, _ = merge_by_size(xg, size, src + 1, dst + 1, torch.cat([torch.zeros(1, 1, dtype=torch.long), kept + 1], 1))
     torch.testing.assert_close(merged, out)
     merged.sum().backward()
     assert (xg.grad.abs().sum(-1) > 0).all()
@@ -232,8 +237,10 @@ def test_clear_errors():
         apply_token_fusion(timm.create_model('vit_small_entmax', img_size=32), mode='tome', r=2)
     gap = VisionTransformer(img_size=32, patch_size=16, embed_dim=32, depth=2, num_heads=2, class_token=False,
                             global_pool='avg')
-    with pytest.raises(ValueError, match="needs \\[CLS\\] pooling: global_pool='avg'"):
-        apply_token_fusion(gap, mode='tome', r=1)
+    with pytest.raises(ValueError, match="global_pool='avg' pools over the tokens: unmerge_output=False"):
+        apply_token_fusion(gap, mode='tome', r=1, unmerge_output=False)
+    with pytest.raises(ValueError, match="unmerge_output is a setting of mode='tome'"):
+        apply_token_fusion(gap, keep_rate=0.5, unmerge_output=True)
     with pytest.raises(ValueError, match='mode dynamicvit fuses nothing'):
         timm.create_model('deit_t_tokenfuse', mode='dynamicvit', proportional_attention=True)
     model = timm.create_model('deit_t_tokenfuse', mode='tome', r=2, img_size=32)
@@ -384,10 +391,10 @@ def test_blocks_called_one_at_a_time_carry_the_sizes_intermediates_and_checkpoin
     model.eval()
     with torch.no_grad():
         tokens = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x))))
-        size = torch.ones(tokens.shape[:2])
+        size, source = torch.ones(tokens.shape[:2]), None
         expected = []
-        for block in model.blocks:  # the model's path: sizes passed from block to block
-            tokens, size = block(tokens, size=size)
+        for block in model.blocks:  # the model's path: sizes (and tome's sources) passed from block to block
+            tokens, size, source = block(tokens, size=size, source=source)
             expected.append(tokens[:, 1:])
         final, nlc = model.forward_intermediates(x, output_fmt='NLC')
         torch.testing.assert_close(final, model.norm(tokens))
@@ -412,3 +419,150 @@ def test_blocks_called_one_at_a_time_carry_the_sizes_intermediates_and_checkpoin
     F.cross_entropy(model(x), torch.tensor([1, 2])).backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6)
+
+
+# ToMe's own outputs: tests/data/tome_golden/make_golden.py computed them from the authors' code
+GOLDEN_DIR = pathlib.Path(__file__).parent / 'data' / 'tome_golden'
+
+
+def _golden_script():
+    spec = importlib.util.spec_from_file_location('make_golden', GOLDEN_DIR / 'make_golden.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize('key', ['deit_s', 'deit3_s', 'deit_s_distilled', 'vit_s_reg4', 'vit_s_avg'])
+def test_tome_gives_the_original_implementations_outputs(key):
+    golden_script = _golden_script()
+    golden = json.loads((GOLDEN_DIR / 'golden.json').read_text())['logits'][key]
+    model = golden_script.build_model(key)
+    x = golden_script.images()
+    for name, r in golden_script.R.items():
+        apply_token_fusion(model, mode='tome', r=r,
+                           proportional_attention=golden_script.PROPORTIONAL_ATTENTION.get(key, True))
+        with torch.no_grad():
+            # the golden logits are rounded to 1e-6; float32 noise is about 1e-6 (the orders differed by 1e-2)
+            torch.testing.assert_close(model(x), torch.tensor(golden[name]), rtol=0, atol=1e-5)
+
+
+def test_the_sets_alternate_as_tome_counts_them_from_cls_and_distillation_tokens():
+    torch.manual_seed(0)
+    metric = torch.randn(2, 10, 8)
+    for offset, a_parity in ((0, 0), (1, 1), (2, 0)):  # no prefix, [CLS], [CLS] and distillation token
+        src, dst, kept = bipartite_soft_matching(metric, 3, offset)
+        assert (src % 2 == a_parity).all() and (dst % 2 != a_parity).all()
+        b_tokens = torch.arange(1 - a_parity, 10, 2)
+        assert torch.equal(kept[:, -len(b_tokens):], b_tokens.expand(2, -1))  # every B token, last, in order
+        unmerged_a = kept[:, :-len(b_tokens)]
+        assert torch.equal(unmerged_a, unmerged_a.sort(dim=1).values)
+    # without [CLS] ToMe leaves the unmerged A tokens in decreasing similarity
+    src, dst, kept = bipartite_soft_matching(metric, 1, 0, sort_unmerged=False)
+    a = F.normalize(metric, dim=-1)
+    best = (a[:, 0::2] @ a[:, 1::2].transpose(1, 2)).amax(-1)
+    assert torch.equal(kept[:, :4] // 2, best.argsort(dim=1, descending=True)[:, 1:])
+    # registers are protected but not counted: with [CLS] and 4 registers the first patch token is in B
+    model = apply_token_fusion(VisionTransformer(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2,
+                                                 reg_tokens=4), mode='tome', r=2)
+    assert model.blocks[0].fusion.alternation_offset == 1 and model.num_prefix_tokens == 5
+
+
+def _small(name, **kwargs):
+    return dict(img_size=32, patch_size=8, embed_dim=32, num_heads=2, depth=3, num_classes=5, **kwargs)
+
+
+@pytest.mark.parametrize('r', [0, 3])
+def test_unmerged_output_gives_every_patch_its_merged_tokens_feature(r):
+    """``unmerge_output=True``: ``forward_features`` returns every patch (dense features); r = 0: the plain model's."""
+    model, reference = _pair('deit_tiny_patch16_224', **_small(''))
+    x = torch.randn(2, 3, 32, 32)
+    apply_token_fusion(model, mode='tome', r=r, unmerge_output=True)
+    merged, _ = _pair('deit_tiny_patch16_224', **_small(''))
+    apply_token_fusion(merged, mode='tome', r=r)
+    with torch.no_grad(), record_token_fusion(merged) as records:
+        dense, tokens = model.forward_features(x), merged.forward_features(x)
+    assert dense.shape == (2, 1 + 16, 32)
+    if r == 0:
+        assert torch.equal(dense, reference.forward_features(x))
+        return
+    token = token_sources(list(records.values()), 16)[-1]['token']
+    assert tokens.shape[1] == 1 + 16 - 3 * r and len(token.unique()) == 16 - 3 * r  # 16 patches, 3 merges of r
+    torch.testing.assert_close(dense, unmerge_tokens(tokens, token, 1), rtol=0, atol=0)
+    for b in range(2):
+        for t in token[b].unique():
+            group = dense[b, 1:][token[b] == t]
+            assert torch.equal(group, group[:1].expand_as(group))  # a merged group's patches: one feature
+
+
+# docs/token_fusion.md's table of timm's ViT families: (row, model name, small kwargs) -> merges, or refuses
+FAMILIES_MERGED = {
+    'ViT': ('vit_small_patch16_224', {}),
+    'ViT, LayerScale (DeiT-III)': ('deit3_small_patch16_224', {'init_values': 0.1}),
+    'ViT, q/k norm': ('vit_small_patch16_224', {'qk_norm': True}),
+    'ViT, registers': ('vit_small_patch14_reg4_dinov2', {'init_values': 0.1}),
+    'ViT, registers, no [CLS], average pooling': ('vit_medium_patch16_reg4_gap_256', {'init_values': 0.1}),
+    'distilled DeiT': ('deit_small_distilled_patch16_224', {}),
+    'average pooling (MAE)': ('vit_small_patch16_224', {'global_pool': 'avg'}),
+    'SigLIP, attention pooling': ('vit_base_patch16_siglip_224', {}),
+}
+FAMILIES_REFUSED = {
+    'EVA, rotary positions': ('eva02_tiny_patch14_224', 'rotates every token by its patch position'),
+    'ViT with rotary positions': ('vit_medium_patch16_rope_reg1_gap_256', 'rotates every token by its patch position'),
+    'NaFlex': ('naflexvit_base_patch16_gap', 'packs images of different sizes with a patch mask'),
+}
+
+
+@pytest.mark.parametrize('row', list(FAMILIES_MERGED))
+def test_every_timm_vit_family_merges(row):
+    name, kwargs = FAMILIES_MERGED[row]
+    model, reference = _pair(name, **_small('', **kwargs))
+    x = torch.randn(2, 3, 32, 32)
+    apply_token_fusion(model, mode='tome', r=0)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-6, atol=1e-6)  # r = 0: the plain model
+    apply_token_fusion(model, mode='tome', r=3)
+    out, seen, records = _entering_counts(model, x)
+    P = model.num_prefix_tokens
+    assert seen == [P + 16, P + 13, P + 10] == block_token_counts(model, entering=True)
+    assert all(torch.equal(r['kept_index'][:, :P], torch.arange(P).expand(2, P)) for r in records.values())
+    assert out.shape == (2, 5) and torch.isfinite(out).all() and not torch.allclose(out, reference(x), atol=1e-4)
+
+
+@pytest.mark.parametrize('row', list(FAMILIES_REFUSED))
+def test_every_timm_vit_family_that_cannot_merge_refuses_in_one_line(row):
+    name, why = FAMILIES_REFUSED[row]
+    model = timm.create_model(name, **_small(''))
+    with pytest.raises(TypeError, match=why) as error:
+        apply_token_fusion(model, mode='tome', r=2)
+    assert '\n' not in str(error.value)
+
+
+def test_merge_maps_draw_each_group_in_its_own_colour():
+    from timm_recursive.analysis.token_fusion_maps import draw_merge_groups, merge_groups
+    model, _ = _pair('deit_tiny_patch16_224', **_small(''))
+    apply_token_fusion(model, mode='tome', r=3)
+    x = torch.randn(2, 3, 32, 32)
+    groups = merge_groups(model, x)
+    assert groups.shape == (2, 16) and all(len(g.unique()) == 16 - 9 for g in groups)  # 3 blocks merge 3 each
+    with record_token_fusion(model) as records:
+        model(x)
+    assert torch.equal(groups, token_sources(list(records.values()), 16)[-1]['token'])
+    # two groups on a 2 x 2 grid: the left column and the right one, 8 x 8 pixels
+    picture = torch.rand(8, 8, 3, dtype=torch.float64).numpy()
+    drawn = draw_merge_groups(picture, torch.tensor([[0, 5], [0, 5]]).numpy())
+    left, right = drawn[1:-1, :3], drawn[1:-1, 5:]  # inside each group: its mean colour
+    assert (abs(left - picture[:, :4].reshape(-1, 3).mean(0)) < 1e-9).all()
+    assert (abs(right - picture[:, 4:].reshape(-1, 3).mean(0)) < 1e-9).all()
+    assert (drawn[:, 3] == drawn[0, 3]).all() and (drawn[:, 4] == drawn[0, 4]).all()  # the outlines, one colour each
+    assert not (drawn[0, 3] == drawn[0, 4]).all()
+    with pytest.raises(TypeError, match='does not merge tokens'):
+        merge_groups(timm.create_model('deit_tiny_patch16_224', **_small('')), x)
+
+
+@pytest.mark.slow
+def test_merge_maps_command_writes_a_png_per_image(tmp_path):
+    from timm_recursive.cli.token_fusion_maps import main
+    assert main(['--model', 'deit_tiny_patch16_224', '--mode', 'tome', '--r', '8', '--out', str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        'token_merging.json', 'token_merging_0.png', 'token_merging_1.png']
+    assert json.loads((tmp_path / 'token_merging.json').read_text())[0]['groups'] == 196 - 8 * 12

@@ -149,8 +149,9 @@ def budget_cell(keep_rate: float, score: str, num_fused_tokens: int) -> str:
 def finetune_args(dense_dir: str, fusion_kwargs: List[str], alpha: float, beta: float, samples: int,
                   epochs: int = 1, ratio_weight: float = 0.) -> List[str]:
     return ['--model', f'local-dir:{os.path.join(dense_dir, "model")}', '--pretrained', '--model-kwargs',
-            *MODEL_KWARGS, f'num_fused_tokens={BUDGET_FUSED_TOKENS}', *fusion_kwargs, '--max-train-samples', str(samples),
-            '--max-eval-samples', '200', '--max-selection-samples', '1000', '--epochs', str(epochs), '--lr', '2e-4', '--warmup-epochs', '0',
+            *MODEL_KWARGS, f'num_fused_tokens={BUDGET_FUSED_TOKENS}', *fusion_kwargs,
+            '--max-train-samples', str(samples), '--max-eval-samples', '200', '--max-selection-samples', '1000',
+            '--epochs', str(epochs), '--lr', '2e-4', '--warmup-epochs', '0',
             '--fusion-imp-weight', str(alpha), '--fusion-div-weight', str(beta),
             '--fusion-ratio-weight', str(ratio_weight),
             *DATA]
@@ -320,8 +321,9 @@ def main(argv=None) -> int:
     runs = [('dense', ['keep_rate=1.0'], 0., 0.)]
     fused_runs = [(cell_name(mode, k), [f'keep_rate={k}', f'mode={mode}', f'importance_score={score}'], args.alpha,
                    args.beta) for k in KEEP_RATES for mode in SOURCE_MODES]
-    objective_runs = [(cell_name('both', 0.5, alpha=a, beta=b), ['keep_rate=0.5', 'mode=both', f'importance_score={score}'],
-                       a, b) for a, b in OBJECTIVE_WEIGHTS if (a, b) != (args.alpha, args.beta)]
+    objective_runs = [(cell_name('both', 0.5, alpha=a, beta=b),
+                       ['keep_rate=0.5', 'mode=both', f'importance_score={score}'], a, b)
+                      for a, b in OBJECTIVE_WEIGHTS if (a, b) != (args.alpha, args.beta)]
     # keep 0.5 and 0.7 and the objective's ablation first: the rest if time allows
     runs += [r for r in fused_runs if ' keep=0.5' in r[0] or ' keep=0.7' in r[0]] + objective_runs
     runs += [r for r in fused_runs if r not in runs]

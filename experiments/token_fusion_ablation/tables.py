@@ -94,7 +94,10 @@ def comparisons_table(r: Dict) -> str:
         return cells.get(f'{mode} keep={keep} importance_score={score}')
 
     rows = []
-    for label, table in (('off the shelf', off), ('fine-tuned', lambda mode, keep: finetuned.get(f'{mode} keep={keep}'))):
+    def tuned(mode, keep):
+        return finetuned.get(f'{mode} keep={keep}')
+
+    for label, table in (('off the shelf', off), ('fine-tuned', tuned)):
         for a, b in (('diversity', 'both'), ('both', 'importance')):
             rows.append([f'{label}: `{a}` minus `{b}`',
                          ' / '.join(difference(table(a, k), table(b, k), images) for k in keep_rates)])

@@ -119,7 +119,8 @@ def tome_r_for_budget(build: Callable[[List[int]], nn.Module], image: torch.Tens
         return {'r': tome_schedule(0, depth), 'gmacs': counts[0], 'gmacs_fewer_merges': None}
     low, high = 0, max_r * depth  # the cost at low is above the budget; find the first within it
     if gmacs(high) > budget_gmacs:
-        raise ValueError(f'{budget_gmacs} GMACs is below the cost at r={max_r} in every block ({gmacs(high):.4f} GMACs)')
+        raise ValueError(f'{budget_gmacs} GMACs is below the cost at r={max_r} in every block '
+                         f'({gmacs(high):.4f} GMACs)')
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (low, middle) if gmacs(middle) <= budget_gmacs else (middle, high)

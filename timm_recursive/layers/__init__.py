@@ -42,6 +42,7 @@ from .token_fusion import (
     keep_mask_softmax,
     merge_by_size,
     merge_tokens,
+    merged_positions,
     merging_macs,
     num_kept,
     num_merged,
@@ -49,6 +50,7 @@ from .token_fusion import (
     split_by_importance,
     token_sources,
     tome_r_schedule,
+    unmerge_tokens,
     weighted_cluster_means,
 )
 from .token_fusion_patch import (
@@ -77,7 +79,8 @@ __all__ = ['HaltingHead', 'act_loss', 'act_weights', 'geometric_prior', 'halting
     'DEFAULT_IMPORTANCE_SCORE', 'FUSION_MODES', 'IMPORTANCE_SCORES', 'R_SCHEDULES', 'TOME_MODE',
     'bipartite_soft_matching', 'cls_importance', 'clustering_macs', 'density_peak_clusters', 'fuse_tokens',
     'fused_sizes', 'fusion_objective_terms', 'fusion_output_counts', 'gumbel_keep_mask', 'keep_mask_softmax',
-    'merge_by_size', 'merge_tokens', 'merging_macs', 'num_kept', 'num_merged', 'ratio_loss', 'split_by_importance',
+    'merge_by_size', 'merge_tokens', 'merged_positions', 'unmerge_tokens', 'merging_macs', 'num_kept', 'num_merged',
+    'ratio_loss', 'split_by_importance',
     'token_sources', 'tome_r_schedule', 'weighted_cluster_means', 'ClsRowAttention', 'KeepMaskedBlocks',
     'KeepPredictor', 'ProportionalBlock', 'ProportionalTokenFusionBlock', 'ReductionPoint', 'SizedBlocks',
     'TokenFusion', 'TokenFusionBlock', 'TokenFusionObjective', 'TokenMerging', 'TokenMergingBlock',

@@ -51,21 +51,23 @@ tokens, and neither term is one of DynamicViT's ratio or distillation losses).
 ``token_sources`` composes recorded reductions into, for every original patch, the token that
 stands for it now, and how many patches each token stands for.
 
-ToMe (``TOME_MODE``, a mode of ``token_fusion_patch.apply_token_fusion``; Bolya et al. 2023, written
-from the paper's description): every block merges ``r`` tokens (``tome_r_schedule``, at most half the
-non-prefix ones, ``num_merged``) by bipartite soft matching (``bipartite_soft_matching``: alternate
-tokens in sets A and B, each A token joined to its most similar B token by the cosine of the keys
-averaged over heads, the ``r`` most similar joins kept) and size-weighted means (``merge_by_size``),
-the prefix tokens never merged and the remaining tokens in their input order (``merge_tokens``). A
-token's size, the input tokens it stands for, is carried from block to block; proportional attention
-adds ``log(size)`` to the attention logits (``cls_importance`` takes it too). ``fused_sizes`` gives the
-sizes after one of the source's reductions, for its modes with proportional attention.
+ToMe (``TOME_MODE``, a mode of ``token_fusion_patch.apply_token_fusion``; Bolya et al. 2023), matched to the
+authors' implementation (golden outputs in ``tests/data/tome_golden``): every block merges ``r`` tokens
+(``tome_r_schedule``, at most half the non-prefix ones, ``num_merged``) by bipartite soft matching
+(``bipartite_soft_matching``: the tokens alternate between sets A and B, counted from [CLS] and the
+distillation token as ToMe counts them; each A token joined to its most similar B token by the cosine of
+the keys averaged over heads, the ``r`` most similar joins kept) and size-weighted means (``merge_by_size``);
+the prefix tokens are never merged, and the output is ToMe's order: the prefix, the unmerged A tokens, then
+every B token (``merge_tokens``). A token's size, the input tokens it stands for, is carried from block to
+block; proportional attention adds ``log(size)`` to the attention logits (``cls_importance`` takes it too).
+``merged_positions`` and ``unmerge_tokens`` map merged tokens back onto the patches they stand for.
+``fused_sizes`` gives the sizes after one of the source's reductions, for its modes with proportional
+attention.
 """
 import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
 from .graph_capture import is_graph_capture
@@ -75,7 +77,7 @@ __all__ = [
     'fusion_output_counts', 'split_by_importance', 'density_peak_clusters', 'weighted_cluster_means', 'fuse_tokens',
     'fusion_objective_terms', 'token_sources', 'clustering_macs', 'gumbel_keep_mask', 'keep_mask_softmax', 'ratio_loss',
     'TOME_MODE', 'R_SCHEDULES', 'tome_r_schedule', 'num_merged', 'bipartite_soft_matching', 'merge_by_size',
-    'merge_tokens', 'merging_macs', 'fused_sizes',
+    'merged_positions', 'merge_tokens', 'unmerge_tokens', 'merging_macs', 'fused_sizes',
 ]
 
 FUSION_MODES = ('both', 'importance', 'diversity', 'dynamicvit')
@@ -295,7 +297,8 @@ def fusion_objective_terms(
         weights = importance.gather(1, fuse_index).detach()  # the merge's weights; the gradient goes to the tokens
         means = weighted_cluster_means(tokens, weights, assignment, num_clusters)
         within = (tokens - _gather_tokens(means, assignment)).pow(2).sum(dim=-1)
-        centre = (tokens * weights.unsqueeze(-1)).sum(dim=1, keepdim=True) / weights.sum(dim=1).clamp_min(1e-30)[:, None, None]
+        total_weight = weights.sum(dim=1).clamp_min(1e-30)[:, None, None]
+        centre = (tokens * weights.unsqueeze(-1)).sum(dim=1, keepdim=True) / total_weight
         total = (tokens - centre).pow(2).sum(dim=-1)
         terms['div'] = ((within * weights).sum(dim=1) / (total * weights).sum(dim=1).clamp_min(1e-30)).mean()
     return terms
@@ -341,17 +344,12 @@ def _tome_sources(record: Dict[str, torch.Tensor], token: Optional[torch.Tensor]
     """``token`` (B, num_patches), the output patch token of every original patch, after one tome merge."""
     P = int(record['num_prefix_tokens'])
     src, dst = record['src_index'], record['dst_index']
-    kept = record['kept_index'][:, P:] - P  # input patch positions, in output order
-    B, n_out = kept.shape
-    n_in = n_out + src.shape[1]
+    position = merged_positions(src, dst, record['kept_index'][:, P:] - P)
     if token is None:
-        if n_in != num_patches:
-            raise ValueError(f'the first reduction saw {n_in} patch tokens, not {num_patches}')
-        token = torch.arange(n_in, device=src.device).expand(B, n_in)
-    new_position = torch.zeros(B, n_in, dtype=torch.long, device=src.device)
-    new_position.scatter_(1, kept, torch.arange(n_out, device=src.device).expand(B, n_out))
-    new_position.scatter_(1, src, new_position.gather(1, dst))  # a merged token: where its destination went
-    return new_position.gather(1, token)
+        if position.shape[1] != num_patches:
+            raise ValueError(f'the first reduction saw {position.shape[1]} patch tokens, not {num_patches}')
+        return position
+    return position.gather(1, token)
 
 
 def token_sources(records: List[Dict[str, torch.Tensor]], num_patches: int) -> List[Dict[str, torch.Tensor]]:
@@ -410,7 +408,7 @@ def fused_sizes(size: torch.Tensor, record: Dict[str, torch.Tensor], num_prefix_
 
 
 # ToMe: token merging by bipartite soft matching (Bolya et al. 2023, "Token Merging: Your ViT But Faster"),
-# written from the paper's description.
+# matched to the outputs of the authors' implementation (golden outputs in tests/data/tome_golden/).
 
 def tome_r_schedule(r: Union[int, Sequence[int]], depth: int, schedule: str = 'constant') -> List[int]:
     """Tokens to merge in each of ``depth`` blocks.
@@ -447,43 +445,58 @@ def num_merged(r: int, num_patches: int) -> int:
     return max(0, min(int(r), num_patches // 2))
 
 
-def bipartite_soft_matching(metric: torch.Tensor, r: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """ToMe's bipartite soft matching of the non-prefix tokens of each image: which ``r`` tokens merge into which.
+def bipartite_soft_matching(
+        metric: torch.Tensor, r: int, alternation_offset: int = 1, sort_unmerged: bool = True,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ToMe's bipartite soft matching of the n mergeable tokens of each image: which ``r`` merge into which, and
+    the order of what remains.
 
-    The tokens alternate between two sets, A (positions 0, 2, 4, ...) and B (1, 3, 5, ...); each token of
-    A is joined to its most similar token of B (cosine similarity of ``metric``; ties to the lower index),
-    and the ``r`` joins of highest similarity are kept.
+    The tokens alternate between two sets, A and B, counted as ToMe counts them over its whole sequence:
+    token ``j`` is in A when ``alternation_offset + j`` is even (``alternation_offset``: the [CLS] and
+    distillation tokens before them, which ToMe counts but never merges). Each A token is joined to its
+    most similar B token (cosine similarity of ``metric``) and the ``r`` joins of highest similarity
+    are kept. The output order is ToMe's: the unmerged A tokens, then every B token. ``sort_unmerged``:
+    the unmerged A tokens in their input order; otherwise in decreasing similarity, as ToMe leaves them
+    in a model without a [CLS] token (it sorts them only to bring [CLS] to the front).
 
     Args:
-        metric: (B, n, C) features of the n non-prefix tokens (the keys averaged over heads).
+        metric: (B, n) features of the mergeable tokens (the keys averaged over heads).
         r: joins to keep, ``1 <= r <= n // 2`` (``num_merged``).
 
     Returns:
         ``src`` and ``dst`` (B, r): positions among the n tokens of each merged A token and of the B
-        token it merges into. No gradient: the decisions are discrete.
+        token it merges into; ``kept`` (B, n - r): the input position of each output token, in output
+        order. No gradient: the decisions are discrete.
     """
-    metric = F.normalize(metric.detach().float(), dim=-1)
-    a, b = metric[:, 0::2], metric[:, 1::2]
-    similarity, partner = (a @ b.transpose(1, 2)).max(dim=-1)  # (B, |A|): each A token's best B token
-    src = similarity.topk(r, dim=-1).indices  # the r most similar joins
-    dst = partner.gather(1, src)
-    return 2 * src, 2 * dst + 1
+    metric = metric.detach().float()
+    metric = metric / metric.norm(dim=-1, keepdim=True)
+    B, n, _ = metric.shape
+    index = torch.arange(n, device=metric.device)
+    a_index, b_index = (index[1::2], index[0::2]) if alternation_offset % 2 else (index[0::2], index[1::2])
+    similarity, partner = (metric[:, a_index] @ metric[:, b_index].transpose(1, 2)).max(dim=-1)
+    order = similarity.argsort(dim=-1, descending=True)  # ToMe's ranking of the joins
+    merged, unmerged = order[:, :r], order[:, r:]
+    if sort_unmerged:
+        unmerged = unmerged.sort(dim=-1).values
+    src, dst = a_index[merged], b_index[partner.gather(1, merged)]
+    kept = torch.cat([a_index[unmerged], b_index.expand(B, -1)], dim=1)
+    return src, dst, kept
 
 
 def merge_by_size(
-        x: torch.Tensor, size: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Merge tokens ``src`` into tokens ``dst`` of ``x`` (B, N, C): size-weighted means, the merged tokens removed.
+        x: torch.Tensor, size: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, kept: torch.Tensor,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Merge tokens ``src`` into tokens ``dst`` of ``x`` (B, N, C) by size-weighted means; keep ``kept`` in its order.
 
     A destination becomes the mean of itself and everything merged into it, weighted by ``size`` (B, N)
-    (the tokens each stands for), and its size their sum; other tokens pass through unchanged. The
-    remaining tokens keep their order (a merged token stays at its destination's position).
+    (the tokens each stands for), and its size their sum; other tokens pass through unchanged.
 
     Args:
         src, dst: (B, r) positions in ``x``; no position both a source and a destination.
+        kept: (B, N - r) the positions in ``x`` of the output tokens, in output order (none a source).
 
     Returns:
-        the remaining tokens (B, N - r, C), their sizes (B, N - r), and their positions in ``x`` (B, N - r).
+        the remaining tokens (B, N - r, C) and their sizes (B, N - r).
     """
     B, N, C = x.shape
     r = src.shape[1]
@@ -494,20 +507,27 @@ def merge_by_size(
     new_size = size.scatter_add(1, dst, size.gather(1, src))
     merged = (sums / new_size.unsqueeze(-1)).to(x.dtype)
     out = torch.where((new_size != size).unsqueeze(-1), merged, x)  # untouched tokens: exactly as they were
-    # the positions that remain, in order: sources sort after every other position (the keys are distinct)
-    positions = torch.arange(N, device=x.device, dtype=torch.float32).expand(B, N)
-    is_src = torch.zeros_like(positions).scatter(1, src, 1.)
-    kept = (positions + N * is_src).topk(N - r, dim=1, largest=False, sorted=True).indices
-    return out.gather(1, kept.unsqueeze(-1).expand(B, N - r, C)), new_size.gather(1, kept), kept
+    return _gather_tokens(out, kept), new_size.gather(1, kept)
+
+
+def merged_positions(src: torch.Tensor, dst: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """Where every one of the n input tokens of a merge went (B, n): the output position of the token that stands
+    for it (a merged token: its destination's)."""
+    B, n_out = kept.shape
+    position = kept.new_zeros(B, n_out + src.shape[1])
+    position.scatter_(1, kept, torch.arange(n_out, device=kept.device).expand(B, n_out))
+    return position.scatter(1, src, position.gather(1, dst))
 
 
 def merge_tokens(
         x: torch.Tensor, size: torch.Tensor, metric: torch.Tensor, r: int, num_prefix_tokens: int,
+        alternation_offset: int = 1, sort_unmerged: bool = True,
 ) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
     """One ToMe merge of tokens ``x`` (B, P + n, C) with sizes (B, P + n): ``num_merged(r, n)`` tokens fewer.
 
-    The P prefix tokens ([CLS], registers, distillation token) are never merged; the others are
-    matched on ``metric`` (B, P + n, D) by ``bipartite_soft_matching`` and merged by ``merge_by_size``.
+    The P prefix tokens ([CLS], registers, distillation token) are never merged and stay in front; the
+    others are matched on ``metric`` (B, P + n, D) by ``bipartite_soft_matching`` (``alternation_offset``,
+    ``sort_unmerged``: see there) and merged by ``merge_by_size``.
 
     Returns:
         the tokens, their sizes and the record (empty when nothing was merged): ``src_index`` and
@@ -520,11 +540,20 @@ def merge_tokens(
     r = num_merged(r, n)
     if r == 0:
         return x, size, {}
-    src, dst = bipartite_soft_matching(metric[:, P:], r)
-    out, new_size, kept = merge_by_size(x, size, src + P, dst + P)
+    src, dst, kept = bipartite_soft_matching(metric[:, P:], r, alternation_offset, sort_unmerged)
+    prefix = torch.arange(P, device=x.device).expand(x.shape[0], P)
+    kept = torch.cat([prefix, kept + P], dim=1)
+    out, new_size = merge_by_size(x, size, src + P, dst + P, kept)
     record = {'src_index': src, 'dst_index': dst, 'kept_index': kept, 'size': new_size.detach(),
               'num_prefix_tokens': torch.tensor(P)}
     return out, new_size, record
+
+
+def unmerge_tokens(x: torch.Tensor, token: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """Every original patch's feature (B, P + num_patches, C) from merged tokens ``x`` (B, P + n, C): each patch
+    takes the feature of the token that stands for it, ``token`` (B, num_patches), an index among the n."""
+    P = num_prefix_tokens
+    return torch.cat([x[:, :P], _gather_tokens(x[:, P:], token)], dim=1)
 
 
 def merging_macs(num_merged_tokens: int, dim: int) -> int:

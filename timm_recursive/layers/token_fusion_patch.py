@@ -49,8 +49,10 @@ from .token_fusion import (
     gumbel_keep_mask,
     keep_mask_softmax,
     merge_tokens,
+    merged_positions,
     num_merged,
     tome_r_schedule,
+    unmerge_tokens,
 )
 
 __all__ = [
@@ -323,57 +325,71 @@ class KeepMaskedBlocks(nn.Sequential):
 
 
 _SIZE_ATTRIBUTE = '_token_fusion_sizes'
+_SOURCE_ATTRIBUTE = '_token_fusion_sources'
 
 
-def _sizes_of(block: nn.Module, x: torch.Tensor, size: Optional[torch.Tensor], attn_mask: Optional[torch.Tensor],
-              is_causal: bool) -> Tuple[torch.Tensor, bool]:
-    """The sizes (B, N) of the tokens ``x`` a sized block receives, and whether it was called on its own.
+def _sizes_of(
+        block: nn.Module, x: torch.Tensor, size: Optional[torch.Tensor], source: Optional[torch.Tensor],
+        attn_mask: Optional[torch.Tensor], is_causal: bool,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], bool]:
+    """The sizes (B, N) of the tokens ``x`` a sized block receives, their sources (a ``tome`` model: the token
+    that stands for every original patch, B x patches; else None) and whether it was called on its own.
 
     ``SizedBlocks`` passes them (the path of the model's forward, ``torch.compile`` and export). A block
     called on its own, as timm's ``forward_intermediates`` and gradient checkpointing call them, finds them
-    on its input, where the block before it left them (an attribute of that tensor); the first block
+    on its input, where the block before it left them (attributes of that tensor); the first block
     starts at 1.
     """
     if attn_mask is not None or is_causal:
         raise ValueError('token fusion changes the token count: attention masks are not supported')
     if size is not None:
-        return size, False
+        return size, source, False
     if block.first_block:
-        return torch.ones(x.shape[:2], dtype=torch.float32, device=x.device), True
+        return torch.ones(x.shape[:2], dtype=torch.float32, device=x.device), None, True
     found = getattr(x, _SIZE_ATTRIBUTE, None)
     if found is None or found.shape != x.shape[:2]:
         raise RuntimeError(
             f'{type(block).__name__} carries every token\'s size from block to block: called on its own it needs '
             'the tensor the block before it returned (the model\'s forward, forward_intermediates and gradient '
             'checkpointing pass it on), not a copy of it')
-    return found, True
+    return found, getattr(x, _SOURCE_ATTRIBUTE, None), True
 
 
 def _sized_output(
-        x: torch.Tensor, size: torch.Tensor, standalone: bool,
-) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        x: torch.Tensor, size: torch.Tensor, source: Optional[torch.Tensor], standalone: bool,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
     if standalone:  # a block called on its own returns the tokens, as timm's, with their sizes attached
         setattr(x, _SIZE_ATTRIBUTE, size.detach())
+        if source is not None:
+            setattr(x, _SOURCE_ATTRIBUTE, source)
         return x
-    return x, size
+    return x, size, source
 
 
 class TokenMerging(nn.Module):
     """One block's ToMe merge (``token_fusion.merge_tokens``): ``r`` tokens fewer, at most half the non-prefix ones.
 
+    Args:
+        r: tokens merged.
+        alternation_offset: the [CLS] and distillation tokens, which ToMe's alternation of the sets A
+            and B counts (``token_fusion.bipartite_soft_matching``).
+        sort_unmerged: the unmerged A tokens in input order (a model with a [CLS] token, as ToMe).
+
     Hook point ``reduction`` (``ReductionPoint``) is called with the non-prefix tokens, their sizes and
     ``merge_tokens``'s record when tokens were merged.
     """
 
-    def __init__(self, r: int = 0):
+    def __init__(self, r: int = 0, alternation_offset: int = 1, sort_unmerged: bool = True):
         super().__init__()
         if int(r) < 0:
             raise ValueError(f'r must be >= 0 (tokens merged per block), got {r}')
         self.r = int(r)
+        self.alternation_offset = int(alternation_offset)
+        self.sort_unmerged = bool(sort_unmerged)
         self.reduction = ReductionPoint()
 
     def extra_repr(self) -> str:
-        return f'r={self.r}'
+        return f'r={self.r}, alternation_offset={self.alternation_offset}, sort_unmerged={self.sort_unmerged}'
 
     def num_outputs(self, num_patches: int) -> int:
         """Non-prefix tokens left after merging in a block of ``num_patches``."""
@@ -381,12 +397,19 @@ class TokenMerging(nn.Module):
 
     @torch.jit.ignore
     def forward(
-            self, x: torch.Tensor, size: torch.Tensor, metric: torch.Tensor, num_prefix_tokens: int = 1,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        out, new_size, record = merge_tokens(x, size, metric, self.r, num_prefix_tokens)
+            self, x: torch.Tensor, size: torch.Tensor, metric: torch.Tensor, source: torch.Tensor,
+            num_prefix_tokens: int = 1,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The merged tokens, their sizes, and ``source`` (B, patches), the token (among the non-prefix ones)
+        that stands for every original patch, carried through the merge."""
+        P = num_prefix_tokens
+        out, new_size, record = merge_tokens(
+            x, size, metric, self.r, P, self.alternation_offset, self.sort_unmerged)
         if len(record) > 0:
-            self.reduction(x[:, num_prefix_tokens:], size[:, num_prefix_tokens:], record)
-        return out, new_size
+            self.reduction(x[:, P:], size[:, P:], record)
+            position = merged_positions(record['src_index'], record['dst_index'], record['kept_index'][:, P:] - P)
+            source = position.gather(1, source)
+        return out, new_size, source
 
 
 class SizedBlock:
@@ -394,9 +417,17 @@ class SizedBlock:
     size (``_sizes_of``, ``_sized_output``), runs ``attend`` (the attention and any reduction, the subclass's)
     and then the MLP on what it returns."""
 
-    def attend(self, x: torch.Tensor, size: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The tokens after the attention's residual (and a reduction), and their sizes."""
+    def attend(
+            self, x: torch.Tensor, size: torch.Tensor, source: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """The tokens after the attention's residual (and a reduction), their sizes and sources."""
         raise NotImplementedError
+
+    def finish(
+            self, x: torch.Tensor, size: torch.Tensor, source: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """What the block returns after its MLP: the tokens as they are."""
+        return x, size, source
 
     def forward(
             self,
@@ -404,19 +435,23 @@ class SizedBlock:
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
             size: Optional[torch.Tensor] = None,
-    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-        size, standalone = _sizes_of(self, x, size, attn_mask, is_causal)
-        x, size = self.attend(x, size)
-        return _sized_output(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, standalone)
+            source: Optional[torch.Tensor] = None,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]:
+        size, source, standalone = _sizes_of(self, x, size, source, attn_mask, is_causal)
+        x, size, source = self.attend(x, size, source)
+        x, size, source = self.finish(x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, source)
+        return _sized_output(x, size, source, standalone)
 
 
 class ProportionalBlock(SizedBlock, Block):
     """timm ``Block`` (same parameters) in a ``SizedBlocks``: with ``proportional`` its attention adds the log of
     every key's size to the logits; it carries the sizes on. Made by ``apply_token_fusion``."""
 
-    def attend(self, x: torch.Tensor, size: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def attend(
+            self, x: torch.Tensor, size: torch.Tensor, source: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         attn_out, _ = self.attn.forward_proportional(self.norm1(x), size if self.proportional else None)
-        return x + self.drop_path1(self.ls1(attn_out)), size
+        return x + self.drop_path1(self.ls1(attn_out)), size, source
 
 
 @register_notrace_module  # its token count depends on the data: a leaf for FX
@@ -424,19 +459,29 @@ class ProportionalTokenFusionBlock(SizedBlock, TokenFusionBlock):
     """``TokenFusionBlock`` in a ``SizedBlocks`` (the source's modes with proportional attention): the attention,
     the [CLS] importance row included, adds log(size); a fused token's size is the sum of its members'."""
 
-    def attend(self, x: torch.Tensor, size: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def attend(
+            self, x: torch.Tensor, size: torch.Tensor, source: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         attn_out, cls_row = self.attn.forward_with_cls_row(
             self.norm1(x), self.fusion.importance_score, size if self.proportional else None)
         x = x + self.drop_path1(self.ls1(attn_out))
-        return self.fusion.forward_sized(x, cls_row[:, self.num_prefix_tokens:], size, self.num_prefix_tokens)
+        x, size = self.fusion.forward_sized(x, cls_row[:, self.num_prefix_tokens:], size, self.num_prefix_tokens)
+        return x, size, source
 
 
 @register_notrace_module  # its token count depends on r and the input: a leaf for FX
 class TokenMergingBlock(SizedBlock, TokenFusionBlock):
     """timm ``Block`` (same parameters) that merges ``fusion.r`` tokens (a ``TokenMerging``) between its attention
-    and its MLP, as ToMe does; its attention is proportional (``proportional``) once an earlier block merged."""
+    and its MLP, as ToMe does; its attention is proportional (``proportional``) once an earlier block merged.
+    With ``unmerge_output`` (the last block of a model that pools over its tokens) it returns every original
+    patch, each with the feature of the token that stands for it (``token_fusion.unmerge_tokens``)."""
 
-    def attend(self, x: torch.Tensor, size: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def attend(
+            self, x: torch.Tensor, size: torch.Tensor, source: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        P = self.num_prefix_tokens
+        if source is None:  # the first block: every patch stands for itself
+            source = torch.arange(x.shape[1] - P, device=x.device).expand(x.shape[0], -1)
         merges = self.fusion.r > 0
         if merges or self.proportional:
             attn_out, keys = self.attn.forward_proportional(
@@ -445,21 +490,31 @@ class TokenMergingBlock(SizedBlock, TokenFusionBlock):
             attn_out, keys = self.attn(self.norm1(x)), None
         x = x + self.drop_path1(self.ls1(attn_out))
         if keys is not None:
-            x, size = self.fusion(x, size, keys, self.num_prefix_tokens)
-        return x, size
+            x, size, source = self.fusion(x, size, keys, source, P)
+        return x, size, source
+
+    def finish(
+            self, x: torch.Tensor, size: torch.Tensor, source: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        if not self.unmerge_output:
+            return x, size, source
+        x = unmerge_tokens(x, source, self.num_prefix_tokens)
+        return x, torch.ones(x.shape[:2], dtype=size.dtype, device=x.device), None
 
 
 class SizedBlocks(nn.Sequential):
     """``model.blocks`` of a ``tome`` model or one with proportional attention (same children and state dict keys
     as the ``nn.Sequential``): carries every token's size, the number of input tokens it stands for (1 at
-    the start, float32), from block to block: each block is called with ``size=`` and returns the tokens and
-    their sizes. A block called on its own (timm's ``forward_intermediates`` and gradient checkpointing
-    call them so) returns the tokens only, their sizes attached to the tensor for the next block."""
+    the start, float32), from block to block: each block is called with ``size=`` and ``source=`` (a ``tome``
+    model's token standing for every original patch, else None) and returns the tokens, their sizes and
+    sources. A block called on its own (timm's ``forward_intermediates`` and gradient checkpointing call them
+    so) returns the tokens only, their sizes and sources attached to the tensor for the next block."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         size = torch.ones(x.shape[:2], dtype=torch.float32, device=x.device)
+        source: Optional[torch.Tensor] = None
         for block in self:
-            x, size = block(x, size=size)
+            x, size, source = block(x, size=size, source=source)
         return x
 
 
@@ -475,6 +530,14 @@ def block_token_counts(model: nn.Module, num_patches: Optional[int] = None, ente
         counts.append((before if entering else n) + model.num_prefix_tokens)
     return counts
 
+
+# ViTs of timm that are not a VisionTransformer, and why token fusion refuses them
+_UNSUPPORTED = {
+    'Eva': 'Eva (EVA, and the ViTs with rotary positions) rotates every token by its patch position in every '
+           'block: a merged token has no single position, so token fusion refuses it rather than drop it',
+    'NaFlexVit': 'NaFlexVit packs images of different sizes with a patch mask: token fusion merges the same '
+                 'count in every image and supports no mask',
+}
 
 _OUR_BLOCKS = (TokenFusionBlock, ProportionalTokenFusionBlock, TokenMergingBlock, ProportionalBlock)
 
@@ -492,7 +555,7 @@ def _unpatch(model: VisionTransformer) -> None:
     """Every block back to timm's ``Block`` and ``Attention``, ``model.blocks`` to an ``nn.Sequential``."""
     for block in model.blocks:
         if type(block) in _OUR_BLOCKS:
-            for name in ('fusion', 'num_prefix_tokens', 'proportional', 'first_block'):
+            for name in ('fusion', 'num_prefix_tokens', 'proportional', 'first_block', 'unmerge_output'):
                 if name in block.__dict__ or name in block._modules:
                     delattr(block, name)
             block.__class__ = Block
@@ -515,6 +578,7 @@ def apply_token_fusion(
         r: Optional[Union[int, Sequence[int]]] = None,
         r_schedule: str = 'constant',
         proportional_attention: Optional[bool] = None,
+        unmerge_output: Optional[bool] = None,
 ) -> VisionTransformer:
     """Make ``model`` (a timm ``VisionTransformer``) reduce its tokens after the attention of ``reduction_blocks``,
     or, ``mode='tome'``, merge ``r`` tokens in every block (ToMe).
@@ -528,47 +592,63 @@ def apply_token_fusion(
     ``'decreasing'``, ``token_fusion.tome_r_schedule``) and ``proportional_attention`` (default on, as
     ToMe), not ``keep_rate``, ``reduction_blocks``, ``num_fused_tokens``, ``knn`` or ``importance_score``;
     every block becomes a ``TokenMergingBlock`` and ``model.blocks`` a ``SizedBlocks``. It needs no [CLS]
-    token but a model that pools the [CLS] token (or nothing). The other modes take
-    ``proportional_attention=True`` too (default off, as the source): then every block is patched and
-    ``model.blocks`` is a ``SizedBlocks``.
+    token. With ``unmerge_output`` (default: when the model pools over its tokens, ``global_pool`` ``'avg'``,
+    ``'avgmax'``, ``'max'`` or ``'map'``) the last block returns every original patch with the feature of the
+    token that stands for it, so ``forward_features`` gives per-patch features and timm's pooling weighs
+    each merged token by its size (the mean of ToMe's MAE patch; attention pooling as proportional
+    attention). The other modes take ``proportional_attention=True`` too (default off, as the source):
+    then every block is patched and ``model.blocks`` is a ``SizedBlocks``.
 
     Raises:
         ValueError: ``keep_rate`` outside (0, 1], block indices out of range, an unknown ``mode`` or
-            ``importance_score`` (``timm_recursive.layers.TokenFusion``); a bad ``r`` or ``r`` outside mode
-            ``tome``; ``tome`` with a pooling over the tokens; proportional attention with ``dynamicvit``.
-        TypeError: not a ``VisionTransformer`` with a [CLS] token (``tome``: any), or a block to patch that
+            ``importance_score`` (``timm_recursive.layers.TokenFusion``); a bad ``r``, or ``r`` or
+            ``unmerge_output`` outside mode ``tome``; ``unmerge_output=False`` with a pooling over the tokens;
+            proportional attention with ``dynamicvit``.
+        TypeError: not a ``VisionTransformer`` (with a [CLS] token but for ``tome``), or a block to patch that
             is not timm's ``Block`` with timm's ``Attention``.
     """
     if not isinstance(model, VisionTransformer):
-        raise TypeError(f'token fusion needs a timm VisionTransformer, got {type(model).__name__}')
+        raise TypeError(_UNSUPPORTED.get(
+            type(model).__name__, f'token fusion needs a timm VisionTransformer, got {type(model).__name__}'))
     depth = len(model.blocks)
     if mode == TOME_MODE:
         if r is None:
             raise ValueError("mode='tome' needs r, the tokens merged per block (an int or one per block)")
         rs = tome_r_schedule(r, depth, r_schedule)
-        if model.attn_pool is not None or model.global_pool not in ('token', ''):
+        pools_tokens = model.attn_pool is not None or model.global_pool not in ('token', '')
+        if unmerge_output is None:
+            unmerge_output = pools_tokens
+        elif pools_tokens and not unmerge_output:
             raise ValueError(
-                f"mode='tome' needs [CLS] pooling: global_pool={model.global_pool!r} pools over the merged tokens, "
-                'each of which would count once, not for the patches it stands for')
+                f'global_pool={model.global_pool!r} pools over the tokens: unmerge_output=False would count each '
+                'merged token once, not for the patches it stands for')
         _check_blocks(model, range(depth), 'token merging (tome)')
         proportional = True if proportional_attention is None else bool(proportional_attention)
+        # ToMe protects [CLS] and the distillation token, counting them in its alternation of the sets A and
+        # B; registers, which it does not know, are protected too but not counted (docs/token_fusion.md)
+        alternation_offset = model.num_prefix_tokens - model.num_reg_tokens
         _unpatch(model)
         for i, block in enumerate(model.blocks):
             block.__class__ = TokenMergingBlock
             block.attn.__class__ = ClsRowAttention
-            block.fusion = TokenMerging(rs[i])
+            block.fusion = TokenMerging(rs[i], alternation_offset, sort_unmerged=model.cls_token is not None)
             block.num_prefix_tokens = model.num_prefix_tokens
             block.proportional = proportional and any(v > 0 for v in rs[:i])
             block.first_block = i == 0
+            block.unmerge_output = bool(unmerge_output) and i == depth - 1
         model.blocks.__class__ = SizedBlocks
         return model
     if r is not None:
         raise ValueError(f"r (tokens merged per block) is a setting of mode='tome', not of mode {mode!r}")
+    if unmerge_output is not None:
+        raise ValueError(f"unmerge_output is a setting of mode='tome', not of mode {mode!r}")
     if getattr(model, 'cls_token', None) is None:
-        raise TypeError(f'token fusion ranks tokens by the [CLS] attention row: {type(model).__name__} has no class token')
+        raise TypeError(f'token fusion ranks tokens by the [CLS] attention row: {type(model).__name__} has no class '
+                        'token')
     reduction_blocks = sorted(set(int(i) for i in reduction_blocks))
     if any(not 0 <= i < depth for i in reduction_blocks):
-        raise ValueError(f'reduction_blocks must be block indices in [0, {depth}) (counting from 0), got {reduction_blocks}')
+        raise ValueError(f'reduction_blocks must be block indices in [0, {depth}) (counting from 0), '
+                         f'got {reduction_blocks}')
     # validates the arguments before anything changes
     TokenFusion(keep_rate, num_fused_tokens, knn, mode, importance_score, model.embed_dim)
     dynamicvit = mode == 'dynamicvit'

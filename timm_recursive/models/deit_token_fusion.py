@@ -64,6 +64,8 @@ class TokenFusionVisionTransformer(VisionTransformer):
             last), for an int ``r``.
         proportional_attention: add log(size) of every token to the attention logits (default: on for
             ``'tome'``, off for the source's modes).
+        unmerge_output: mode ``'tome'``: the last block returns every patch with its merged token's feature
+            (default: when ``global_pool`` pools over the tokens; ``apply_token_fusion``).
         **kwargs: ``VisionTransformer`` arguments (``block_fn`` and ``attn_layer`` excepted).
     """
 
@@ -78,6 +80,7 @@ class TokenFusionVisionTransformer(VisionTransformer):
             r: Optional[Union[int, Sequence[int]]] = None,
             r_schedule: str = 'constant',
             proportional_attention: Optional[bool] = None,
+            unmerge_output: Optional[bool] = None,
             **kwargs,
     ):
         for name in ('block_fn', 'attn_layer'):
@@ -85,7 +88,7 @@ class TokenFusionVisionTransformer(VisionTransformer):
                 raise TypeError(f'TokenFusionVisionTransformer sets {name} itself')
         super().__init__(**kwargs)
         apply_token_fusion(self, keep_rate, reduction_blocks, num_fused_tokens, knn, mode, importance_score,
-                           r, r_schedule, proportional_attention)
+                           r, r_schedule, proportional_attention, unmerge_output)
 
     def token_counts(self, num_patches: Optional[int] = None, entering: bool = False) -> List[int]:
         """Tokens (prefix included) that each block's MLP runs on, or, ``entering``, that each block receives, for
@@ -125,7 +128,7 @@ class TokenFusionVisionTransformer(VisionTransformer):
         reductions_before = [sum(1 for j in reduced if j <= i) for i in take_indices]
 
         def to_grid(y: torch.Tensor, num_reductions: int) -> torch.Tensor:
-            if num_reductions:
+            if num_reductions and y.shape[1] != H * W:  # not yet unmerged (``unmerge_output``)
                 token = sources[num_reductions - 1]['token']
                 y = torch.cat([y, y.new_zeros(B, 1, y.shape[-1])], dim=1)  # row for dropped patches
                 y = y.gather(1, token.masked_fill(token < 0, y.shape[1] - 1).unsqueeze(-1).expand(-1, -1, y.shape[-1]))
