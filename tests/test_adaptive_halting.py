@@ -322,8 +322,8 @@ def test_evaluate_measures_halting(tmp_path, capsys):
     import argparse
     import json
 
+    from timm_recursive.analysis.adaptive_halting import check_halting_arguments
     from timm_recursive.cli import evaluate
-    from timm_recursive.cli.adaptive_halting import check_halting_arguments
     from timm_recursive.runs import export_model
     torch.manual_seed(0)
     export_model(timm.create_model('recursive_dsa_moe_tiny', num_classes=10, in_chans=1, num_steps=4),

@@ -171,15 +171,16 @@ def test_dino_run_records_metrics_and_exports_a_loadable_backbone(dino_run):
 
 
 def _interrupt_at(monkeypatch, calls):
+    """Deliver SIGTERM to this process during the ``calls``-th training step."""
     count = {'n': 0}
-    original = dino_module.teacher_statistics
+    original = dino_module.DinoTraining.train_step
 
-    def statistics_then_signal(*args, **kwargs):
+    def step_then_signal(self, *args, **kwargs):
         count['n'] += 1
         if count['n'] == calls:
             signal.raise_signal(signal.SIGTERM)
-        return original(*args, **kwargs)
-    monkeypatch.setattr(dino_module, 'teacher_statistics', statistics_then_signal)
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(dino_module.DinoTraining, 'train_step', step_then_signal)
 
 
 @pytest.mark.slow
