@@ -32,7 +32,7 @@ def assert_one_error_line(main, argv, output, capsys, message: str) -> None:
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if 'error:' in line]
     assert status == 2 and len(errors) == 1 and message in errors[0], err
-    assert 'Traceback' not in err and not output.exists()
+    assert 'Traceback' not in err and 'usage:' not in err and not output.exists(), err
 
 
 def cache_hub_checkpoint(cache_dir, monkeypatch, repo_id: str, state_dict) -> None:

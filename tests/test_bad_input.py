@@ -130,6 +130,20 @@ def test_bad_input_is_one_error_line_and_exit_2_with_nothing_written(command, ar
     assert sorted(str(path) for path in tmp_path.rglob('*')) == before  # no stray file (a DIR.tmp) anywhere
 
 
+@pytest.mark.parametrize('command,argv', [
+    ('train', ['--epochs', '0']), ('train', ['--lr', '-0.001']), ('train', ['--val-fraction', '1.5']),
+    ('evaluate', ['--max-eval-samples', '0']), ('train_dino', ['--epochs', '0']), ('probe', ['linear', '-b', '0']),
+    ('push_to_hub', []),
+])
+def test_a_usage_error_is_one_line_and_a_hint_not_the_usage_block(command, argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_script(command).parse_args(argv) if hasattr(load_script(command), 'parse_args') else \
+            load_script(command).main(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert exit_info.value.code == 2 and len(err) == 2, err
+    assert ': error: ' in err[0] and '--help for its options' in err[1], err
+
+
 @pytest.mark.parametrize('command', ['train', 'train_dino', 'evaluate', 'push_to_hub'])
 def test_help_says_each_default_once(command, capsys):
     with pytest.raises(SystemExit):

@@ -1,6 +1,7 @@
 """train.py accepts timm's training flags, refuses abbreviations, and plumbs the new options through."""
 import importlib
 import json
+import math
 import os
 
 import pytest
@@ -271,3 +272,17 @@ def test_timm_optimizer_scheduler_and_ema_options_reach_their_objects(tmp_path, 
 def test_opt_eps_and_opt_betas_parse_as_numbers():
     args = train_script.parse_args(['--opt-eps', '1e-6', '--opt-betas', '0.9', '0.95'])
     assert args.opt_eps == 1e-6 and args.opt_betas == [0.9, 0.95]
+
+
+@pytest.mark.slow
+def test_a_run_no_longer_than_its_warm_up_trains_at_the_rate_asked_and_logs_the_rate_used(tmp_path, caplog):
+    import logging
+    caplog.set_level(logging.INFO)
+    run = tmp_path / 'run'
+    assert train_script.main(TINY_RUN + ['--epochs', '1', '--lr', '1e-2', '--warmup-lr', '1e-5', '--min-lr', '0',
+                                         '--output', str(run)]) == 0
+    assert 'note: --warmup-epochs 1 would warm up the whole 1-epoch run' in caplog.text
+    epoch = json.loads((run / 'metrics.jsonl').read_text().splitlines()[0])
+    # cosine from 1e-2 to 0 over the epoch's 4 updates (no warm-up): their mean, not the warm-up floor
+    assert epoch['lr'] == pytest.approx((1e-2 + 1e-2 * (1 + math.cos(math.pi / 4)) / 2 + 5e-3
+                                         + 1e-2 * (1 + math.cos(3 * math.pi / 4)) / 2) / 4)

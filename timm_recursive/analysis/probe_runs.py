@@ -23,7 +23,7 @@ from timm_recursive.data import (
     to_mask_array,
     to_pil,
 )
-from timm_recursive.runs import create_classifier, create_model_from_checkpoint
+from timm_recursive.runs import create_classifier, create_model_from_checkpoint, model_arguments
 from timm_recursive.runs.checkpoint import CheckpointError
 from timm_recursive.runs.files import (
     check_destination,
@@ -68,11 +68,13 @@ def run_probe(args) -> dict:
 
 
 def create_backbone(args):
-    """The frozen backbone (``num_classes=0``) named by ``--checkpoint`` or ``--model``."""
+    """The frozen backbone (``num_classes=0``) named by ``--checkpoint`` or ``--model`` (``--in-chans`` among its
+    arguments when given)."""
+    kwargs = model_arguments(args)
     if args.checkpoint:
-        model = create_model_from_checkpoint(args.checkpoint, args.model, num_classes=0, **args.model_kwargs)
+        model = create_model_from_checkpoint(args.checkpoint, args.model, num_classes=0, **kwargs)
     elif args.model:
-        model = create_classifier(args.model, 0, pretrained=args.pretrained, **args.model_kwargs)
+        model = create_classifier(args.model, 0, pretrained=args.pretrained, **kwargs)
     else:
         raise CheckpointError('name the backbone with --checkpoint or --model')
     return model.eval().requires_grad_(False)

@@ -5,7 +5,6 @@
 
 What it measures and how: ``timm_recursive.analysis.adaptive_halting``.
 """
-import argparse
 import json
 import os
 import platform
@@ -37,6 +36,7 @@ def main(argv=None) -> int:
     import timm_recursive  # noqa: F401 (registers the models)
     from timm_recursive.analysis.images import labelled_batches
     from timm_recursive.cli.args import (
+    CommandParser,
         add_model_arguments,
         model_from_arguments,
         positive_int,
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from timm_recursive.data import SELECTION_FRACTION, create_dataset_transform, selection_images
     from timm_recursive.models.recursive_classifier import HALTING_CRITERIA
 
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
+    p = CommandParser(description=__doc__.split('\n')[0])
     add_model_arguments(p)
     add_data_arguments(p, default='fashion_mnist')
     p.add_argument('--eval-samples', type=positive_int, default=5000, help='first evaluation images measured')
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
 
     def measure():
         splits = resolve_dataset_from_options(args)
-        model = model_from_arguments(args, splits.num_classes)
+        model = model_from_arguments(args, splits)
         transform = create_dataset_transform(model, splits, False)
         batches = labelled_batches(splits.eval, transform, args.eval_samples, args.batch_size)
         timing = labelled_batches(splits.eval, transform, args.timing_images, args.batch_size)

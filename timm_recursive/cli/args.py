@@ -3,24 +3,40 @@
 the ``argparse`` types that refuse an out-of-range number with a usage error."""
 import argparse
 import copy
+import sys
 from typing import Optional
 
 from timm.utils import ParseKwargs
 from torch import nn
 
+from timm_recursive.data import DatasetSplits
 from timm_recursive.runs import (
-    CheckpointError,
+    check_fits_dataset,
     create_classifier,
     create_model_from_checkpoint,
+    model_arguments,
 )
 
 __all__ = [
-    'ModelKwargs', 'add_model_arguments', 'model_from_arguments', 'add_run_arguments', 'parse_args_with_config',
-    'add_data_arguments',
+    'CommandParser', 'ModelKwargs', 'add_model_arguments', 'model_from_arguments', 'add_run_arguments',
+    'parse_args_with_config', 'add_data_arguments',
     'positive_int', 'non_negative_int', 'non_negative_float', 'positive_float', 'unit_interval',
     'unit_interval_or_zero', 'hub_repo_id', 'torch_device', 'add_device_argument', 'HelpFormatter', 'default_dataset',
     'halting_threshold', 'add_halting_arguments',
 ]
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one ``error:`` line and a hint to ``--help``, not the usage block
+    before it (a command's usage runs to dozens of lines); ``--help`` prints the usage as always. Abbreviated
+    option names are refused (``allow_abbrev=False``): a prefix is an error, never silently another option."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault('allow_abbrev', False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f'{self.prog}: error: {message}\n(run {self.prog} --help for its options)\n')
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -216,18 +232,24 @@ def add_model_arguments(parser) -> None:
                         help='registered model name (with --pretrained, or for a weights file)')
     parser.add_argument('--pretrained', action='store_true')
     parser.add_argument('--checkpoint', default=None, help='exported folder, run folder, state folder or weights file')
+    parser.add_argument('--in-chans', type=positive_int, default=None,
+                        help='input channels (default: the checkpoint\'s or the pretrained config\'s)')
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs)
 
 
-def model_from_arguments(args, num_classes: int) -> nn.Module:
+def model_from_arguments(args, splits: DatasetSplits) -> nn.Module:
     """The model ``add_model_arguments``'s arguments name (a checkpoint, or a registered, maybe pretrained,
-    model), checked to predict the dataset's ``num_classes`` classes (``CheckpointError`` otherwise)."""
+    model), checked against the dataset's ``splits`` (``check_fits_dataset``: its classes, its images' channels).
+    Each warning is one ``warning:`` line: random weights (a registered model without ``--pretrained``), images
+    converted to the model's channels."""
     if args.checkpoint:
-        model = create_model_from_checkpoint(args.checkpoint, args.model, **args.model_kwargs)
+        model = create_model_from_checkpoint(args.checkpoint, args.model, **model_arguments(args))
     else:
-        model = create_classifier(args.model, num_classes, pretrained=args.pretrained, **args.model_kwargs)
-    if model.num_classes != num_classes:
-        raise CheckpointError(f'the model predicts {model.num_classes} classes, the dataset has {num_classes}')
+        model = create_classifier(args.model, splits.num_classes, pretrained=args.pretrained, **model_arguments(args))
+        if not args.pretrained:
+            print(f'warning: {args.model} without --pretrained or --checkpoint has random weights', file=sys.stderr)
+    for warning in check_fits_dataset(model, splits):
+        print(f'warning: {warning}', file=sys.stderr)
     return model
 
 

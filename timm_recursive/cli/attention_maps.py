@@ -4,7 +4,6 @@
 
 What it measures and how: ``timm_recursive.analysis.attention_maps``.
 """
-import argparse
 import os
 from typing import Dict
 
@@ -14,6 +13,7 @@ from timm_recursive.analysis.attention_maps import (
     write_report,
 )
 from timm_recursive.analysis.images import dataset_images, load_images
+from timm_recursive.cli.args import CommandParser
 from timm_recursive.layers import EntmaxAttention
 from timm_recursive.runs.files import write_json_atomic
 
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
 
     import timm_recursive  # noqa: F401
 
-    parser = argparse.ArgumentParser(description='Entmax attention sparsity and PCA feature maps of a ViT')
+    parser = CommandParser(description='Entmax attention sparsity and PCA feature maps of a ViT')
     parser.add_argument('--model', default='vit_small_entmax', help='model name (any timm ViT is converted)')
     parser.add_argument('--pretrained', action='store_true')
     parser.add_argument('--alpha', type=float, default=1.5)

@@ -12,11 +12,12 @@ from typing import List, Optional
 
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.efficiency import build_reports, format_table
+from timm_recursive.cli.args import CommandParser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog='timm-recursive efficiency', description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog='timm-recursive efficiency', description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('models', nargs='+', metavar='MODEL', help='model name, optionally name:key=value,...')
     parser.add_argument('--json', action='store_true', help='print one JSON object keyed by model')
     args = parser.parse_args(argv)

@@ -13,7 +13,6 @@ threshold: accuracy and its paired difference from the fixed readouts, steps per
 median, maximum, histogram), multiply-adds per image and images/s against the full recursion
 (``timm_recursive.analysis.adaptive_halting``); the results file holds it under ``halting``.
 """
-import argparse
 import sys
 
 from torch.utils.data import DataLoader
@@ -22,6 +21,7 @@ import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.adaptive_halting import check_halting_arguments, measure_halting, threshold_table
 from timm_recursive.cli.args import (
     DATASET_HELP,
+    CommandParser,
     HelpFormatter,
     add_data_arguments,
     add_device_argument,
@@ -45,7 +45,7 @@ from timm_recursive.train.losses import StepOutputs
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter, allow_abbrev=False)
+    p = CommandParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter)
     add_model_arguments(p)
     add_data_arguments(p, default=None, dataset_help=DATASET_HELP + ' (default: the folder of --data-dir when '
                                                                     'given, else digits)')
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         if args.results_file:  # before anything runs: a destination that cannot be written fails now, not after
             check_file_destination(args.results_file, '--results-file')
         splits = load_eval_split(args)
-        model = model_from_arguments(args, splits.num_classes).to(args.device).eval()
+        model = model_from_arguments(args, splits).to(args.device).eval()
         check_halting_arguments(model, args)
     except (DatasetError, CheckpointError, DestinationError, ValueError) as e:
         print(f'error: {e}', file=sys.stderr)

@@ -4,7 +4,6 @@
 
 What it measures and how, and what ``--dataset`` may be: ``timm_recursive.analysis.point_in_box``.
 """
-import argparse
 import os
 from typing import Dict
 
@@ -55,10 +54,10 @@ def measure(args, checkpoints: Dict[str, str]) -> Dict:
 
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401  registers the models
-    from timm_recursive.cli.args import positive_int
+    from timm_recursive.cli.args import CommandParser, positive_int
     from timm_recursive.cli.common import status_of
-    parser = argparse.ArgumentParser(description='Point-in-Box: per block, the share of patch attention inside '
-                                                 'the object box of the patch, for several ViT backbones')
+    parser = CommandParser(description='Point-in-Box: per block, the share of patch attention inside '
+                                       'the object box of the patch, for several ViT backbones')
     parser.add_argument('--compare', nargs='+', required=True, metavar='NAME=CHECKPOINT',
                         help='backbones (exported folders, run folders), as they are')
     parser.add_argument('--dataset', required=True,

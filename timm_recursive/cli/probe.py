@@ -40,6 +40,7 @@ import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.analysis.probe_runs import ProbeError, run_probe
 from timm_recursive.cli.args import (
     DATASET_HELP,
+    CommandParser,
     add_data_arguments,
     add_model_arguments,
     non_negative_float,
@@ -84,16 +85,15 @@ def add_dense_arguments(p) -> None:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split('\n', 1)[1], allow_abbrev=False)
+    p = CommandParser(description=__doc__.split('\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                      epilog=__doc__.split('\n', 1)[1])
     sub = p.add_subparsers(dest='command', required=True)
-    linear = sub.add_parser('linear', allow_abbrev=False, help='linear classification probe on [CLS] features')
+    linear = sub.add_parser('linear', help='linear classification probe on [CLS] features')
     add_probe_arguments(linear)
     linear.add_argument('--n-last-blocks', type=positive_int, default=1,
                         help='concatenate the [CLS] of the last N blocks (DINO uses 4 for ViT-S)')
     linear.add_argument('--avgpool-patches', action='store_true', help='append the mean patch token of the last block')
-    segment = sub.add_parser('segment', allow_abbrev=False,
+    segment = sub.add_parser('segment',
                              help='dense linear segmentation probe on patch features (mIoU)')
     add_probe_arguments(segment)
     segment.add_argument('--mask-column', default=None)
@@ -102,7 +102,7 @@ def parse_args(argv=None):
     segment.add_argument('--reduce-zero-label', action='store_true',
                          help='ADE20K convention: label 0 is "other" (ignored), the rest shift down by one')
     add_dense_arguments(segment)
-    depth = sub.add_parser('depth', allow_abbrev=False,
+    depth = sub.add_parser('depth',
                            help='dense linear depth probe on patch features (RMSE, AbsRel, delta1)')
     add_probe_arguments(depth)
     add_dense_arguments(depth)
@@ -111,7 +111,7 @@ def parse_args(argv=None):
                        help='stored value per depth unit: 1000 for NYUv2\'s millimetre PNGs, 256 for KITTI\'s')
     depth.add_argument('--max-depth', type=positive_float, default=None,
                        help='score and train on pixels of depth <= this only (after --depth-scale)')
-    compose = sub.add_parser('compose', allow_abbrev=False, help='segmentation canvases from a classification dataset')
+    compose = sub.add_parser('compose', help='segmentation canvases from a classification dataset')
     compose.add_argument('--dataset', required=True)
     compose.add_argument('--out', required=True, help='save_to_disk folder to write (train and test splits)')
     compose.add_argument('--grid', type=int, default=2, help='images per canvas side')

@@ -11,19 +11,17 @@
 measured for those weights. A ``timm-recursive-train-dino`` run publishes its teacher backbone (the
 last epoch's) with a backbone card.
 """
-import argparse
 import os
 import sys
 
 import timm_recursive  # noqa: F401  registers the models
-from timm_recursive.cli.args import HelpFormatter, hub_repo_id
+from timm_recursive.cli.args import CommandParser, HelpFormatter, hub_repo_id
 from timm_recursive.hub import HUB_ORG, HubError, export_run, push_to_hub
 from timm_recursive.runs import OUTPUT_MARKER, RunRecordError, run_folder
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter,
-                                allow_abbrev=False)
+    p = CommandParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter)
     p.add_argument('run', help='run folder of timm-recursive-train or -train-dino, or its exported model/ folder')
     p.add_argument('--repo-id', type=hub_repo_id, default=None,
                    help=f'Hub model repo, e.g. user/name (needed to upload; the card of a --dry-run names '

@@ -4,12 +4,11 @@
 
 What it measures and how: ``timm_recursive.analysis.recursion_gradients``.
 """
-import argparse
 
 import torch
 
 from timm_recursive.analysis.recursion_gradients import latent_gradients, markdown_table
-from timm_recursive.cli.args import add_data_arguments
+from timm_recursive.cli.args import CommandParser, add_data_arguments
 from timm_recursive.data import resolve_dataset_from_options
 
 
@@ -20,7 +19,7 @@ def main(argv=None) -> int:
     from timm_recursive.cli.common import print_measurement
     from timm_recursive.data import create_dataset_transform
 
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
+    p = CommandParser(description=__doc__.split('\n')[0])
     add_model_arguments(p)
     add_data_arguments(p, default='fashion_mnist')
     p.add_argument('--windows', type=int, nargs='+', default=[0, 1, 2, 16],
@@ -40,7 +39,7 @@ def main(argv=None) -> int:
         for window in args.windows:
             torch.manual_seed(args.seed)
             args.model_kwargs = dict(base_kwargs, grad_window=window)
-            model = model_from_arguments(args, splits.num_classes).train()
+            model = model_from_arguments(args, splits).train()
             if batch is None:  # the same images for every window (the window changes no transform)
                 batch = labelled_batches(splits.eval, create_dataset_transform(model, splits, False), args.batch_size,
                                          batch_size=args.batch_size)[0]

@@ -4,7 +4,6 @@
 
 What it measures and how: ``timm_recursive.analysis.recursion_interventions``.
 """
-import argparse
 import json
 import sys
 from typing import List, Optional
@@ -14,7 +13,7 @@ from timm_recursive.analysis.recursion_interventions import (
     markdown_table,
     recursion_interventions,
 )
-from timm_recursive.cli.args import add_data_arguments
+from timm_recursive.cli.args import CommandParser, add_data_arguments
 from timm_recursive.data import resolve_dataset_from_options
 
 
@@ -42,7 +41,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from timm_recursive.cli.common import print_measurement
     from timm_recursive.data import create_dataset_transform
 
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
+    p = CommandParser(description=__doc__.split('\n')[0])
     add_model_arguments(p)
     add_data_arguments(p, default='fashion_mnist')
     p.add_argument('--eval-samples', type=int, default=5000, help='first evaluation images')
@@ -60,7 +59,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     def measure():
         splits = resolve_dataset_from_options(args)
-        model = model_from_arguments(args, splits.num_classes)
+        model = model_from_arguments(args, splits)
         batches = labelled_batches(splits.eval, create_dataset_transform(model, splits, False), args.eval_samples)
         return recursion_interventions(model, batches, seed=args.seed)
 

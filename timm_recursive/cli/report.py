@@ -2,7 +2,6 @@
 
 The report itself: ``timm_recursive.analysis.report``.
 """
-import argparse
 import shlex
 import sys
 
@@ -15,7 +14,7 @@ from timm_recursive.analysis.recursion_trace import (
 __all__ = ['trace_dataset', 'write_report']
 
 from timm_recursive.analysis.report import step_accuracy, trace_dataset, write_report, write_spatial_report
-from timm_recursive.cli.args import add_data_arguments, add_device_argument
+from timm_recursive.cli.args import CommandParser, add_data_arguments, add_device_argument
 from timm_recursive.data import resolve_dataset_from_options
 
 
@@ -31,7 +30,7 @@ def main(argv=None) -> int:
     from timm_recursive.models.recursive_classifier_spatial import SpatialRecursiveClassifier
     from timm_recursive.runs import CheckpointError
 
-    p = argparse.ArgumentParser(description='Step-by-step report on a recursive classifier (plots + report.md)')
+    p = CommandParser(description='Step-by-step report on a recursive classifier (plots + report.md)')
     add_model_arguments(p)
     add_data_arguments(p)
     p.add_argument('--num-images', type=int, default=2000, help='at most this many images of the split')
@@ -45,7 +44,7 @@ def main(argv=None) -> int:
         p.error('give --model (with --pretrained) and/or --checkpoint')
     try:
         splits = resolve_dataset_from_options(args)
-        model = model_from_arguments(args, splits.num_classes)
+        model = model_from_arguments(args, splits)
         trace_name = args.model or model.pretrained_cfg.get('architecture', '')
         model = model.to(args.device).eval()
         spatial = isinstance(model, SpatialRecursiveClassifier)

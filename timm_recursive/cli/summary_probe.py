@@ -5,7 +5,6 @@
 
 What it measures and how: ``timm_recursive.analysis.summary_probe``.
 """
-import argparse
 
 from timm_recursive.analysis.summary_probe import markdown_table, summary_probe
 from timm_recursive.cli.args import add_data_arguments
@@ -16,6 +15,7 @@ def main(argv=None) -> int:
     import timm_recursive  # noqa: F401 (registers the models)
     from timm_recursive.analysis.images import labelled_batches
     from timm_recursive.cli.args import (
+    CommandParser,
         add_model_arguments,
         model_from_arguments,
         positive_int,
@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     from timm_recursive.cli.common import print_measurement
     from timm_recursive.data import create_dataset_transform
 
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
+    p = CommandParser(description=__doc__.split('\n')[0])
     add_model_arguments(p)
     add_data_arguments(p, default='fashion_mnist')
     p.add_argument('--train-samples', type=positive_int, default=6000,
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
 
     def measure():
         splits = resolve_dataset_from_options(args)
-        model = model_from_arguments(args, splits.num_classes)
+        model = model_from_arguments(args, splits)
         transform = create_dataset_transform(model, splits, False)
         train = labelled_batches(splits.train, transform, args.train_samples)
         test = labelled_batches(splits.eval, transform, args.eval_samples)

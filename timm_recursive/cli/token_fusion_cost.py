@@ -5,7 +5,6 @@
 
 What it measures and how: ``timm_recursive.analysis.token_fusion_cost``.
 """
-import argparse
 import json
 import sys
 
@@ -13,14 +12,14 @@ import torch
 from torch import nn
 
 from timm_recursive.analysis.token_fusion_cost import count_gmacs, keep_rate_for_budget
+from timm_recursive.cli.args import CommandParser
 
 
 def main(argv=None) -> int:
     import timm
 
     import timm_recursive  # noqa: F401  registers the models
-    parser = argparse.ArgumentParser(description='The keep rate of a token fusion model at a MAC budget',
-                                     allow_abbrev=False)
+    parser = CommandParser(description='The keep rate of a token fusion model at a MAC budget')
     parser.add_argument('--model', default='deit_s_tokenfuse')
     parser.add_argument('--budget-gmacs', type=float, required=True)
     parser.add_argument('--fused-tokens', type=int, nargs='+', default=[4], help='num_fused_tokens values')

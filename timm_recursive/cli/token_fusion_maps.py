@@ -5,16 +5,16 @@
 
 What it measures and how: ``timm_recursive.analysis.token_fusion_maps``.
 """
-import argparse
 
 from timm_recursive.analysis.token_fusion_maps import token_fusion_maps
+from timm_recursive.cli.args import CommandParser
 from timm_recursive.layers import FUSION_MODES, TOME_MODE
 
 
 def main(argv=None) -> int:
     import timm_recursive  # noqa: F401
 
-    parser = argparse.ArgumentParser(description='Which patches a token-fusion ViT keeps and fuses, as PNG maps')
+    parser = CommandParser(description='Which patches a token-fusion ViT keeps and fuses, as PNG maps')
     parser.add_argument('--model', default='deit_s_tokenfuse', help='model name (any timm ViT gets token fusion)')
     parser.add_argument('--pretrained', action='store_true')
     parser.add_argument('--mode', default='both', choices=FUSION_MODES + (TOME_MODE,),

@@ -31,6 +31,7 @@ import sys
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.cli.args import (
     DATASET_HELP,
+    CommandParser,
     HelpFormatter,
     ModelKwargs,
     add_data_arguments,
@@ -68,9 +69,7 @@ def missing_trackers(names) -> list:
 
 
 def parse_args(argv=None):
-    # allow_abbrev=False: a prefix of an option is an error, never silently another option
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter,
-                                allow_abbrev=False)
+    p = CommandParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter)
     g = p.add_argument_group('model')
     g.add_argument('--model', default='recursive_dsa_moe_tiny', help='registered model name, optionally with a .tag')
     g.add_argument('--pretrained', action='store_true', help='start from the pretrained weights of --model')

@@ -32,6 +32,7 @@ import sys
 import timm_recursive  # noqa: F401  registers the models
 from timm_recursive.cli.args import (
     DATASET_HELP,
+    CommandParser,
     HelpFormatter,
     ModelKwargs,
     add_data_arguments,
@@ -58,9 +59,7 @@ PRESETS = {
 
 
 def parse_args(argv=None):
-    # allow_abbrev=False: a prefix of an option is an error, never silently another option
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter,
-                                allow_abbrev=False)
+    p = CommandParser(description=__doc__.split('\n')[0], formatter_class=HelpFormatter)
     p.add_argument('--preset', default='dino_vits16', choices=sorted(PRESETS),
                    help='default values of the flags below (flags given explicitly win)')
     g = p.add_argument_group('model')

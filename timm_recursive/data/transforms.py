@@ -25,6 +25,18 @@ def _decode_image(value):
     return value
 
 
+GRAYSCALE_MODES = ('1', 'L', 'LA', 'I', 'I;16', 'F')
+
+
+def is_grayscale(image) -> bool:
+    """Whether a dataset's image (PIL, array, or encoded bytes) is stored with one channel."""
+    image = _decode_image(image)
+    if isinstance(image, Image.Image):
+        return image.mode in GRAYSCALE_MODES
+    array = np.asarray(image)
+    return array.ndim == 2 or array.ndim == 3 and array.shape[-1] == 1
+
+
 def to_pil(image, mode: str):
     image = _decode_image(image)
     if not isinstance(image, Image.Image):

@@ -26,6 +26,7 @@ __all__ = ['cpu_kernel', 'kernel_mode']
 
 _LOGGER = logging.getLogger(__name__)
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc', 'entmax15_cpu.cpp')
+_NAME = 'timm_recursive_entmax15_cpu'
 _MODES = ('auto', 'cpp', 'python', 'adasplash')
 _lock = threading.Lock()
 _loaded: dict = {}  # mode -> the extension module, or None when it could not be built
@@ -48,10 +49,14 @@ def _build() -> ModuleType:
         from torch.utils import cpp_extension
     finally:
         cpp_logger.setLevel(level)
-    _LOGGER.info('building the entmax-1.5 CPU kernel (once; cached under %s)', cpp_extension.get_default_build_root())
+    build_dir = os.path.join(cpp_extension.get_default_build_root(), _NAME)
+    if not any(name.endswith('.so') for name in (os.listdir(build_dir) if os.path.isdir(build_dir) else [])):
+        # a first forward that stalls for half a minute says why (a warning: shown without any logging set up)
+        _LOGGER.warning('note: compiling the entmax-1.5 CPU kernel, once (about half a minute; cached in %s)',
+                        build_dir)
     # -fno-math-errno: without it std::sqrt must set errno on negative input and cannot be vectorised
     return cpp_extension.load(
-        name='timm_recursive_entmax15_cpu', sources=[_SOURCE],
+        name=_NAME, sources=[_SOURCE],
         extra_cflags=['-O3', '-march=native', '-fopenmp', '-fno-math-errno'], extra_ldflags=['-fopenmp'], verbose=False)
 
 

@@ -8,10 +8,14 @@ still to be trained.
 
 timm's loader lets the cause of a failed load through as it comes (``LocalEntryNotFoundError``
 offline, a 401 or 404 from the Hub, a safetensors or size-mismatch error, ...), naming neither the
-model nor the file. ``pretrained_errors`` turns those into one ``RuntimeError``:
+model nor the file. ``pretrained_errors`` turns those into one ``PretrainedWeightsError`` (a ``RuntimeError``)
+with no chained traceback (``load_error``):
 
 * weights that were never published (a 401/404 from the Hub, or offline a ``HUB_ORG`` tag not in
   ``PUBLISHED_TAGS``): ``no weights have been published for <arch>.<tag>; train them with <command>``;
+* weights on the Hub that this machine cannot reach and has not cached: what to do, never to unset an offline mode
+  the package may have set itself (``go_offline_if_hub_unreachable``);
+* a weights file that safetensors cannot read: it is corrupt or truncated;
 * anything else: ``cannot load pretrained weights for <model> from <file or hf-hub:id>: <problem>``.
 
 Bad constructor arguments are left as they are.
@@ -24,7 +28,7 @@ from timm.models import get_pretrained_cfg
 from ._hub import go_offline_if_hub_unreachable
 
 __all__ = ['HUB_ORG', 'PROJECT_URL', 'PUBLISHED_TAGS', 'DATASET_TAGS', 'TRAIN_COMMAND', 'pretrained_errors',
-           'pretrained_source', 'train_command']
+           'pretrained_source', 'train_command', 'load_error', 'PretrainedWeightsError']
 
 HUB_ORG = 'timm-recursive'
 PROJECT_URL = 'https://github.com/timm-recursive/timm-recursive'
@@ -75,6 +79,24 @@ def _never_published(error: Exception, cfg: Dict) -> bool:
     return isinstance(error, (RepositoryNotFoundError, EntryNotFoundError))  # the Hub answered 401 or 404
 
 
+class PretrainedWeightsError(RuntimeError):
+    """Pretrained weights that cannot be loaded, said in one sentence (``pretrained_errors``)."""
+
+
+def load_error(error: Exception, source: str) -> str:
+    """What went wrong reading weights from ``source``, in one sentence: a file safetensors cannot parse is corrupt
+    or truncated; Hub weights neither reachable nor cached say how to get them."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+    lines = [line.strip() for line in str(error).strip().splitlines()] or ['no message']
+    if type(error).__name__ == 'SafetensorError':
+        return f'the weights file is corrupt or truncated ({lines[0]})'
+    if isinstance(error, LocalEntryNotFoundError):
+        return ('the Hugging Face Hub cannot be reached and the weights are not in the local Hub cache: download '
+                'them once on a machine with internet access (the cache is reused offline), or pass the weights file '
+                'with pretrained_cfg_overlay=dict(file=PATH)')
+    return f'{type(error).__name__}: {" ".join(lines[:4])}'
+
+
 @contextlib.contextmanager
 def pretrained_errors(variant: str, pretrained: bool, kwargs: dict) -> Iterator[None]:
     """Around a model build: unpublished, unreachable, corrupt, truncated, pickled or mismatched weights raise
@@ -92,9 +114,8 @@ def pretrained_errors(variant: str, pretrained: bool, kwargs: dict) -> Iterator[
         cfg = _resolved_cfg(variant, kwargs)
         if _never_published(e, cfg):
             tag = cfg.get('tag') or ''
-            raise RuntimeError(f'no weights have been published for {variant}.{tag}; train them with '
-                               f'{train_command(variant, tag)}') from e
-        lines = [line.strip() for line in str(e).strip().splitlines()] or ['no such file or no message']
-        raise RuntimeError(
-            f'cannot load pretrained weights for {variant} from {pretrained_source(variant, kwargs)}: '
-            f'{type(e).__name__}: {" ".join(lines[:4])}') from e
+            raise PretrainedWeightsError(f'no weights have been published for {variant}.{tag}; train them with '
+                                         f'{train_command(variant, tag)}') from None
+        source = pretrained_source(variant, kwargs)
+        raise PretrainedWeightsError(f'cannot load pretrained weights for {variant} from {source}: '
+                                     f'{load_error(e, source)}') from None

@@ -69,12 +69,17 @@ def save_state_atomic(accelerator, directory: str, trainer_state: dict,
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(tmp)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        _save_modules(tmp, modules or {})
-        write_json_atomic(os.path.join(tmp, TRAINER_STATE), trainer_state)
-        replace_dir(tmp, directory)
+    try:
+        accelerator.save_state(tmp)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            _save_modules(tmp, modules or {})
+            write_json_atomic(os.path.join(tmp, TRAINER_STATE), trainer_state)
+            replace_dir(tmp, directory)
+    except BaseException:  # a save cut short (a full disk, a signal): its partial files go, the last state stays
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     accelerator.wait_for_everyone()
 
 

@@ -1,16 +1,19 @@
 """Writes that a crash cannot leave half done and that never destroy what they did not write: JSON files and
 folders replaced atomically, JSON lines synced, output folders marked as this package's, destinations checked
 before the work (``check_destination``, ``check_file_destination``, ``check_folder_path``), and files given the
-permissions the umask allows (``respect_umask``), whatever mode the library that wrote them chose."""
+permissions the umask allows (``respect_umask``), whatever mode the library that wrote them chose. A write that
+fails (a full disk, a lost mount: ``writing``) is one ``DestinationError`` naming the path and the free space."""
+import contextlib
 import json
 import os
 import shutil
 import stat
 import uuid
+from typing import Callable, Iterator, Optional
 
 __all__ = ['write_json_atomic', 'append_json_line', 'replace_dir', 'OUTPUT_MARKER', 'DestinationError',
            'check_destination', 'replace_output_dir', 'check_file_destination', 'check_folder_path',
-           'respect_umask', 'write_results_file', 'temp_path_beside']
+           'respect_umask', 'write_results_file', 'temp_path_beside', 'WriteError', 'writing']
 
 # left in every output folder a command writes where the user chose (push-to-hub --out, probe compose --out):
 # a folder without it is not ours to replace
@@ -19,6 +22,36 @@ OUTPUT_MARKER = '.timm-recursive-output'
 
 class DestinationError(ValueError):
     """An output path that holds something this package did not write there."""
+
+
+class WriteError(DestinationError):
+    """A write that failed part way (a full disk, a lost mount, a read-only file system), said in one line."""
+
+
+def _size(num_bytes: int) -> str:
+    for unit in ('bytes', 'KB', 'MB', 'GB'):
+        if num_bytes < 1024 or unit == 'GB':
+            return f'{num_bytes:.0f} {unit}' if unit == 'bytes' else f'{num_bytes:.1f} {unit}'
+        num_bytes /= 1024
+    return ''
+
+
+@contextlib.contextmanager
+def writing(path: str, resume_from: Callable[[], Optional[str]] = lambda: None,
+            failures: tuple = (OSError,)) -> Iterator[None]:
+    """Around a write to ``path``: an exception of ``failures`` (an ``OSError`` by default; a library's own write
+    errors where it raises others, e.g. safetensors' ``SafetensorError``, named by the caller) becomes one
+    ``WriteError`` naming the path, the reason, the free space of its disk and, when ``resume_from()`` gives one,
+    the last complete state to continue from with ``--resume``."""
+    try:
+        yield
+    except failures as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        free = _size(shutil.disk_usage(_nearest_existing(path)).free)
+        last = resume_from()
+        then = (f'the last complete state is {last}: continue from it with --resume' if last
+                else 'no complete state was saved before it')
+        raise WriteError(f'cannot write {path}: {reason} ({free} free on its disk); {then}') from None
 
 
 def temp_path_beside(path: str) -> str:

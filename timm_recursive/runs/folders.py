@@ -25,13 +25,30 @@ def _not_ours(folder: str) -> list:
     return sorted(name for name in names if name in RUN_FILES)
 
 
+def enclosing_run(folder: str) -> Optional[str]:
+    """The training run folder (one holding ``args.json``) that ``folder`` lies inside, if any."""
+    path = os.path.dirname(os.path.abspath(folder))
+    while True:
+        if os.path.isfile(os.path.join(path, 'args.json')):
+            return path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+
+
 def run_dir_for(output: str, resume: Optional[str]) -> str:
     """``output``, or when it already holds files and this is no ``--resume``, the next free ``output-N``
     (timm's ``get_outdir(inc=True)``): a second run never overwrites the first. Every process gets the
-    main process's answer. An ``output`` that cannot be a folder (a file, or below one), or that ``--resume``
+    main process's answer. An ``output`` inside another run's folder, one that cannot be a folder (a file, or below
+    one), or that ``--resume``
     would continue but that holds files a run writes (``RUN_FILES``) and no run, is a ``DestinationError`` now,
     before any data or model loads."""
     check_folder_path(output, '--output')
+    parent_run = enclosing_run(output)
+    if parent_run is not None:  # its state rotation and exports would live beside a foreign folder
+        raise DestinationError(f'--output {output} lies inside the training run {parent_run}: give a folder outside '
+                               'it (a run keeps its own checkpoints/, model/ and hub/ folders)')
     clashes = _not_ours(output) if resume and os.path.isdir(output) else []
     if clashes:  # a resumed run would replace them: never what another program or the user wrote
         raise DestinationError(f'--resume: --output {output} is not a training run (no args.json, no checkpoints/) '

@@ -2,16 +2,18 @@
 import difflib
 import json
 import os
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from torch import nn
 
 from timm_recursive.models._hub import go_offline_if_hub_unreachable
+from timm_recursive.models._pretrained import PretrainedWeightsError, load_error
 
 from .checkpoint import CheckpointError, load_weights
 
-__all__ = ['create_classifier', 'create_model_from_checkpoint', 'create_model_from_run_args', 'check_input_size']
+__all__ = ['create_classifier', 'create_model_from_checkpoint', 'create_model_from_run_args', 'check_input_size',
+           'check_fits_dataset', 'model_arguments']
 
 
 # the errors of a model's own checks of its arguments (an unknown one, one out of range, timm's asserts)
@@ -30,6 +32,13 @@ def _create_model(model_name: str, argument_errors=ARGUMENT_ERRORS, shown_as: Op
     except argument_errors as e:
         raise CheckpointError(f'cannot build {shown_as or model_name}: {type(e).__name__}: {e} '
                               f'(check --model-kwargs and the options that set model arguments)') from e
+
+
+def model_arguments(options) -> dict:
+    """The keyword arguments the commands' model options give (``options``: ``model_kwargs``, the parsed
+    ``--model-kwargs``, and ``in_chans``, ``--in-chans``, when given)."""
+    in_chans = getattr(options, 'in_chans', None)
+    return {**options.model_kwargs, **({'in_chans': in_chans} if in_chans is not None else {})}
 
 
 def create_model_from_checkpoint(checkpoint: str, model_name: Optional[str] = None, **kwargs) -> nn.Module:
@@ -53,7 +62,7 @@ def create_model_from_checkpoint(checkpoint: str, model_name: Optional[str] = No
         except CheckpointError:
             raise
         except (RuntimeError, OSError, ValueError) as e:
-            raise CheckpointError(f'cannot load exported model {checkpoint}: {type(e).__name__}: {e}') from e
+            raise CheckpointError(f'cannot load exported model {checkpoint}: {load_error(e, checkpoint)}') from None
     weights = checkpoint
     if os.path.isdir(checkpoint):
         weights = os.path.join(checkpoint, 'model.safetensors')
@@ -87,6 +96,11 @@ def create_classifier(model_name: str, num_classes: int, pretrained: bool = Fals
         close = difflib.get_close_matches(model_name.split('.')[0], timm.list_models(), n=3)
         hint = f'did you mean {", ".join(close)}?' if close else 'see timm.list_models()'
         raise CheckpointError(f'unknown model {model_name!r} ({hint})')
+    arch, _, tag = model_name.partition('.')
+    if tag and not model_name.startswith(('hf-hub:', 'local-dir:')):
+        tags = [name.partition('.')[2] for name in timm.models.get_arch_pretrained_cfgs(arch)]
+        if tag not in tags:
+            raise CheckpointError(f'{arch} has no pretrained tag {tag!r}; its tags: {", ".join(tags) or "none"}')
     cfg = timm.models.get_pretrained_cfg(model_name)
     if in_chans is None:
         in_chans = cfg.input_size[0] if cfg is not None and cfg.input_size else 3
@@ -95,13 +109,15 @@ def create_classifier(model_name: str, num_classes: int, pretrained: bool = Fals
         go_offline_if_hub_unreachable()
     try:
         return _create_model(model_name, pretrained=pretrained, num_classes=num_classes, in_chans=in_chans, **kwargs)
+    except PretrainedWeightsError as e:  # this package's models say it in one sentence already
+        raise CheckpointError(str(e)) from None
     except (OSError, RuntimeError) as e:  # hub errors are OSErrors; mismatched weights RuntimeErrors
         if not pretrained:
             raise
         source = (kwargs.get('pretrained_cfg_overlay', {}).get('file') or getattr(cfg, 'hf_hub_id', None)
                   or getattr(cfg, 'url', None) or model_name)
         raise CheckpointError(f'cannot load the pretrained weights of {model_name} from {source}: '
-                              f'{type(e).__name__}: {str(e).splitlines()[0]}') from e
+                              f'{load_error(e, source)}') from None
 
 
 def check_input_size(model: nn.Module, input_size: Sequence[int]) -> None:
@@ -118,3 +134,29 @@ def check_input_size(model: nn.Module, input_size: Sequence[int]) -> None:
                               f'{size} input: {str(e).splitlines()[0]}') from e
     finally:
         model.train(was_training)
+
+
+def _names(names: Sequence[str], shown: int = 4) -> str:
+    """A class list in a few words: its first names and how many there are."""
+    head = ', '.join(repr(n) for n in list(names)[:shown])
+    return f'{len(names)} classes ({head}{", ..." if len(names) > shown else ""})'
+
+
+def check_fits_dataset(model: nn.Module, splits) -> List[str]:
+    """Check ``model`` against a dataset's ``splits`` before it is evaluated on them: a ``CheckpointError`` naming
+    both sides when it predicts another number of classes, or was trained on classes of other names (its export
+    records them as ``label_names``); the warnings (one line each) of images that will be converted to its
+    channels (grayscale to RGB or back), which runs but may be a dataset the model was not made for."""
+    from timm_recursive.data import image_mode, is_grayscale, resolve_model_data_config
+    if model.num_classes != splits.num_classes:
+        raise CheckpointError(f'the model predicts {model.num_classes} classes, the dataset has {splits.num_classes}')
+    trained_on = getattr(model, 'pretrained_cfg', {}).get('label_names')
+    if trained_on and splits.class_names and list(trained_on) != list(splits.class_names):
+        raise CheckpointError(f'the model was trained on {_names(trained_on)}, the dataset has '
+                              f'{_names(splits.class_names)}: evaluate it on the dataset it was trained on')
+    takes_gray = image_mode(resolve_model_data_config(model)) == 'L'
+    if len(splits.eval) == 0 or is_grayscale(splits.eval[0][splits.image_column]) == takes_gray:
+        return []
+    takes, has = ('grayscale', 'colour') if takes_gray else ('RGB', 'grayscale')
+    return [f'the model takes {takes} images and the dataset\'s are {has}: they are converted to {takes} '
+            f'(--in-chans sets the channels a model is built for)']

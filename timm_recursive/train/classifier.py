@@ -3,12 +3,13 @@
 
 Recursive models are trained with deep supervision: the loss is ``sum_t w_t CE(logits_t, y) + aux_loss_coef *
 moe_aux`` with step weights ``w_t`` summing to 1 (``--step-weighting``: uniform, linear or last), and evaluated at
-every step. A run folder holds ``args.json``, ``metrics.jsonl`` (one JSON object per epoch), ``summary.json``,
-``checkpoints/`` (``Accelerator.save_state`` folders written atomically every epoch and on SIGINT/SIGTERM, the model
-and its EMA as timm-named ``model.safetensors``/``model_ema.safetensors``; ``--resume`` continues from the newest)
-and ``model/`` (the weights of the epoch chosen on the held-out images as ``model.safetensors`` + ``config.json``,
-loadable with ``timm.create_model('local-dir:...')``). The run loop is ``timm_recursive.train.run.RunLoop``,
-shared with DINO's trainer.
+every step. A warm-up at least as long as the run is shortened to leave it one epoch at the rate asked. A run
+folder holds ``args.json``, ``metrics.jsonl`` (one JSON object per epoch; its ``lr`` is the mean rate of the
+epoch's updates), ``summary.json``, ``checkpoints/`` (``Accelerator.save_state`` folders written atomically every
+epoch and on SIGINT/SIGTERM, the model and its EMA as timm-named ``model.safetensors``/``model_ema.safetensors``;
+``--resume`` continues from the newest) and ``model/`` (the weights of the epoch chosen on the held-out images as
+``model.safetensors`` + ``config.json``, loadable with ``timm.create_model('local-dir:...')``). The run loop is
+``timm_recursive.train.run.RunLoop``, shared with DINO's trainer.
 """
 import json
 import logging
@@ -325,7 +326,7 @@ class ClassifierTraining:
         self.updates_per_epoch = max(1, len(self.train_loader) // args.grad_accum_steps)
         # the epochs to train, as timm's train.py: cosine/tanh/poly add --cooldown-epochs to --epochs
         self.scheduler, loop.epochs = create_scheduler_v2(
-            self.optimizer, sched=args.sched, num_epochs=args.epochs, warmup_epochs=args.warmup_epochs,
+            self.optimizer, sched=args.sched, num_epochs=args.epochs, warmup_epochs=self._warmup_epochs(),
             warmup_lr=args.warmup_lr, min_lr=args.min_lr, decay_epochs=args.decay_epochs,
             decay_rate=args.decay_rate, cooldown_epochs=args.cooldown_epochs,
             step_on_epochs=not args.sched_on_updates, updates_per_epoch=self.updates_per_epoch)
@@ -347,6 +348,16 @@ class ClassifierTraining:
             self.bce = BinaryCrossEntropy(
                 smoothing=args.label_smoothing, target_threshold=args.bce_target_thresh, sum_classes=args.bce_sum,
                 pos_weight=args.bce_pos_weight).to(accelerator.device)
+
+    def _warmup_epochs(self) -> int:
+        """``--warmup-epochs``, shortened to leave at least one epoch after it: a warm-up as long as the run would
+        train it all at rates rising from ``--warmup-lr`` and never at ``--lr``."""
+        args = self.args
+        if args.warmup_epochs < args.epochs:
+            return args.warmup_epochs
+        self.log(f'note: --warmup-epochs {args.warmup_epochs} would warm up the whole {args.epochs}-epoch run from '
+                 f'--warmup-lr {args.warmup_lr:g}: warming up for {args.epochs - 1} epoch(s) instead')
+        return args.epochs - 1
 
     def _loss(self, x: torch.Tensor, target: torch.Tensor, smoothing: float):
         """The step's objective: cross-entropy (deep supervision or a halting objective) and the MoE auxiliary loss,
@@ -387,6 +398,7 @@ class ClassifierTraining:
                 raise FloatingPointError(f'loss is {loss.item()} at epoch {epoch + 1}, step {step}')
             accelerator.backward(loss)
             if accelerator.sync_gradients:
+                values['lr'] = self.optimizer.param_groups[0]['lr']  # the rate this update uses
                 # the norm before clipping is logged either way (clip_grad_norm_ also unscales fp16 gradients)
                 norm_limit = args.clip_grad if args.clip_grad and args.clip_mode == 'norm' else math.inf
                 values['grad_norm'] = float(accelerator.clip_grad_norm_(net.parameters(), norm_limit))
@@ -419,7 +431,8 @@ class ClassifierTraining:
         record = {
             'epoch': epoch + 1,
             'train_loss': meter.mean('loss'), 'train_ce': meter.mean('ce'), 'train_aux': meter.mean('aux'),
-            'train_fusion_loss': meter.mean('fusion_loss'), 'lr': self.optimizer.param_groups[0]['lr'],
+            'train_fusion_loss': meter.mean('fusion_loss'),
+            'lr': meter.mean('lr', self.optimizer.param_groups[0]['lr']),  # the mean rate of the epoch's updates
             **{f'train_{term}': meter.mean(term) for term in ('halting_kl', 'ponder_cost') if term in meter.means()},
             'grad_norm_mean': meter.mean('grad_norm', None), 'grad_norm_max': meter.max('grad_norm'),
             'train_images_per_s': meter.images_per_s,
@@ -441,7 +454,9 @@ class ClassifierTraining:
                                                 'eval_top1_per_step')}
             if self.main:
                 model = self.ema.module if self.ema is not None else accelerator.unwrap_model(self.net).model
-                export_model(model, os.path.join(self.run_dir, 'model'), label_names=self.label_names)
+                export_dir = os.path.join(self.run_dir, 'model')
+                with self.loop.writing(export_dir):
+                    export_model(model, export_dir, label_names=self.label_names)
         self.log(f'epoch {epoch + 1}: train loss {record["train_loss"]:.4f} (grad norm mean '
                  f'{record["grad_norm_mean"]:.2f}, max {record["grad_norm_max"]:.2f}), eval top-1 '
                  f'{record["eval_top1"]:.2f}% (step 1: {result["top1"][0]:.2f}%), top-5 {record["eval_top5"]:.2f}%, '

@@ -412,8 +412,9 @@ class DinoTraining:
         }
         self.collapses.clear()
         if self.main:
-            export_model(self.teacher.module.backbone, os.path.join(self.args.output, 'model'),
-                         pretrained_cfg=self.export_cfg)
+            export_dir = os.path.join(self.args.output, 'model')
+            with self.loop.writing(export_dir):
+                export_model(self.teacher.module.backbone, export_dir, pretrained_cfg=self.export_cfg)
         self.log(f'epoch {epoch + 1}: loss {record["loss"]:.4f}, teacher entropy {record["teacher_entropy"]:.3f} '
                  f'({record["teacher_distinct"]:.1f} distinct prototypes per batch), grad norm mean '
                  f'{record["grad_norm_mean"]:.2f}, {record["train_images_per_s"]:.1f} img/s')

@@ -30,11 +30,13 @@ from torch import nn
 
 from timm_recursive.runs import (
     append_json_line,
+    find_last_state,
     resume_newest,
     save_numbered_state,
     states_to_resume,
     write_json_atomic,
 )
+from timm_recursive.runs.files import writing
 from timm_recursive.runs.provenance import checkout_state, utc_now
 
 __all__ = ['SeededSamples', 'StopRequest', 'EpochMeter', 'RunLoop', 'step_seed']
@@ -218,12 +220,20 @@ class RunLoop:
             os.replace(self.metrics_path + '.tmp', self.metrics_path)
         return state or {}
 
+    def writing(self, path: str, failures: tuple = (OSError,)):
+        """Around a write of the run (a state, the metrics, an export, the summary): a failed write (a full disk)
+        is one ``WriteError`` naming ``path``, the free space and the last complete state to ``--resume`` from."""
+        return writing(path, lambda: find_last_state(self.checkpoint_dir), failures)
+
     def _save(self, epoch: int, step_in_epoch: int, extra: dict, meter: Optional[EpochMeter] = None) -> str:
+        from safetensors import SafetensorError
         state = {**extra, 'epoch': epoch, 'step_in_epoch': step_in_epoch, 'history': self.history,
                  'run_id': self.run_id, 'run_config': self.run_config, 'sessions': self.sessions}
         if meter is not None:
             state['epoch_meter'] = meter.state_dict()
-        return save_numbered_state(self.accelerator, self.checkpoint_dir, state, self.keep_states, self.modules)
+        # safetensors and torch.save report a failed write as their own errors, not as OSErrors
+        with self.writing(self.checkpoint_dir, (OSError, RuntimeError, SafetensorError)):
+            return save_numbered_state(self.accelerator, self.checkpoint_dir, state, self.keep_states, self.modules)
 
     def _stop_requested(self, stop: StopRequest) -> bool:
         if stop.signal is not None:
@@ -280,7 +290,8 @@ class RunLoop:
                                          + time.perf_counter() - meter.start)
                 self.history.append(record)
                 if main:
-                    append_json_line(self.metrics_path, record)
+                    with self.writing(self.metrics_path):
+                        append_json_line(self.metrics_path, record)
                 path = self._save(epoch + 1, 0, trainer_state())
                 if stopping or self._stop_requested(stop):
                     self.log(f'stopped by {stop.name} after epoch {epoch + 1}; continue with --resume')
@@ -290,5 +301,6 @@ class RunLoop:
     def finish(self, summary: dict) -> None:
         """Write ``summary.json`` atomically and end the trackers."""
         if self.accelerator.is_main_process:
-            write_json_atomic(os.path.join(self.run_dir, 'summary.json'), summary)
+            with self.writing(os.path.join(self.run_dir, 'summary.json')):
+                write_json_atomic(os.path.join(self.run_dir, 'summary.json'), summary)
         self.accelerator.end_training()
