@@ -175,3 +175,14 @@ def test_compiling_the_entmax_kernel_says_so_in_one_line_and_a_cached_one_says_n
     with caplog.at_level('WARNING'):
         entmax_kernel._build()
     assert [r for r in caplog.records if r.name == entmax_kernel.__name__] == []
+
+
+def test_the_card_templates_name_no_command_but_the_one_recorded():
+    """A card shows the training command as it was typed (its ``$command``); the templates name none of their own."""
+    import pathlib
+
+    import timm_recursive.hub
+    templates = pathlib.Path(timm_recursive.hub.__file__).parent / 'templates'
+    for template in templates.glob('*.md'):
+        text = template.read_text()
+        assert 'train_scripts/' not in text and '$command' in text, template.name

@@ -1,6 +1,6 @@
 """Publishing trained models to the Hugging Face Hub: export folders, model cards, upload.
 
-``export_run(run_dir, out_dir)`` (``export.py``) turns a training run of ``train_scripts/train.py``
+``export_run(run_dir, out_dir)`` (``export.py``) turns a training run of ``timm-recursive train``
 into a folder the Hub and timm understand: ``model.safetensors``, timm's ``config.json`` and a
 ``README.md`` model card, rendered (``cards.py``) from the run's recorded metrics with its family's
 template in ``templates/`` and that family's facts (``families.py``, found from the model class).

@@ -119,7 +119,7 @@ def _card_context(model, run: Dict, record: Dict, weights_note: str, repo_id: st
         'epochs': str(summary['epochs']),
         'epochs_trained': count_of(summary['epochs'], 'epoch'),
         'train_images': str(summary.get('train_images', '?')),
-        'command': public_command(command) if command else 'python train_scripts/train.py (not recorded)',
+        'command': public_command(command) if command else '# the training command was not recorded',
         'recipe_table': _table(recipe),
         'weights_note': weights_note,
         'eval_images': str(summary.get('eval_images', '?')),

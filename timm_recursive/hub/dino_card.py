@@ -66,7 +66,7 @@ def render_dino_card(model, run: Dict, record: Dict, weights_note: str, repo_id:
         'epochs': str(summary['epochs']),
         'epochs_trained': count_of(summary['epochs'], 'epoch'),
         'train_images': str(summary.get('train_images', '?')),
-        'command': public_command(command) if command else 'python train_scripts/train_dino.py (not recorded)',
+        'command': public_command(command) if command else '# the training command was not recorded',
         'recipe_table': _table([[f'`{key}`', f'`{args[key]}`'] for key in DINO_RECIPE_KEYS
                                 if args.get(key) is not None]),
         'weights_note': weights_note,

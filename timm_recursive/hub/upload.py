@@ -29,6 +29,7 @@ def push_to_hub(folder: str, repo_id: str, token: Optional[str] = None, private:
                                    commit_message=commit_message, revision=revision,
                                    ignore_patterns=[OUTPUT_MARKER])
     except Exception as e:  # HTTP, auth, network: report and keep the local folder
-        raise HubError(f'upload of {folder} to {repo_id} failed ({type(e).__name__}: {e}); '
-                       f'the folder is unchanged, retry with the same command') from e
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else 'no message'
+        raise HubError(f'upload of {folder} to {repo_id} failed ({type(e).__name__}: {first_line}); the export in '
+                       f'{folder} is complete and was not changed by the upload: retry with the same command') from None
     return str(getattr(commit, 'commit_url', commit))
