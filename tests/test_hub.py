@@ -126,7 +126,8 @@ def test_bad_pretrained_files_give_errors_naming_file_and_problem(tmp_path, prob
         if problem == 'truncated':
             data = open(path, 'rb').read()
             open(path, 'wb').write(data[:len(data) // 3])
-    expected = {'mismatched': 'Missing key', 'truncated': 'the weights file is corrupt or truncated', 'pickled': 'weights_only'}[problem]
+    expected = {'mismatched': 'Missing key', 'truncated': 'the weights file is corrupt or truncated',
+                'pickled': 'weights_only'}[problem]
     message = f'cannot load pretrained weights for recursive_dsa_moe_tiny from {path}: .*{expected}'
     with pytest.raises(RuntimeError, match=message):
         timm.create_model('recursive_dsa_moe_tiny', pretrained=True, pretrained_cfg_overlay=dict(file=path))
