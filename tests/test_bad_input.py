@@ -1,7 +1,8 @@
 """Every bad input is one ``error:`` line and exit status 2, before the command writes anything.
 
 In the tables, ``{tmp}`` stands for the test's folder, which holds ``empty/`` (an empty folder), ``no_images/``
-(a class folder of a text file), ``file`` (a file) and ``export/`` (an exported recursive classifier)."""
+(a class folder of a text file), ``file`` (a file), ``run/`` (a training run's folder) and ``export/`` (an exported
+recursive classifier)."""
 
 import datasets
 import pytest
@@ -74,6 +75,16 @@ CASES = [
      "argument --repo-id: Repo id must be in the form 'repo_name' or 'namespace/repo_name': 'not a valid/repo/id'"),
     ('push_to_hub', [MISSING, '--repo-id', 'not a valid/repo/id'], "argument --repo-id: Repo id must be in the form"),
     ('push_to_hub', [MISSING], '--repo-id is needed to upload'),
+    # what a newcomer met in the first hour
+    ('train', ['--output', '{tmp}/run/checkpoints/inner'],
+     '--output {tmp}/run/checkpoints/inner lies inside the training run {tmp}/run'),
+    ('train_dino', ['--output', '{tmp}/run/model/x'],
+     '--output {tmp}/run/model/x lies inside the training run {tmp}/run'),
+    ('evaluate', ['--model', 'recursive_dsa_moe_tiny.digits'],
+     "recursive_dsa_moe_tiny has no pretrained tag 'digits'; its tags: cifar10, cifar100, mnist, fashion_mnist"),
+    ('train', ['--model', 'recursive_dsa_moe_tiny.digits'], "recursive_dsa_moe_tiny has no pretrained tag 'digits'"),
+    ('train', ['--epochs', '0'], 'argument --epochs: must be at least 1, got 0'),
+    ('train', ['--val-fraction', '1.5'], '--val-fraction must be in [0, 1), got 1.5'),
 ]
 
 
@@ -104,6 +115,8 @@ def _lay_out(tmp_path) -> None:
     (tmp_path / 'no_images' / 'cat').mkdir(parents=True)
     (tmp_path / 'no_images' / 'cat' / 'notes.txt').write_text('not an image')
     (tmp_path / 'file').write_text('a file')
+    (tmp_path / 'run').mkdir()  # a training run's folder
+    (tmp_path / 'run' / 'args.json').write_text('{}')
 
 
 @pytest.fixture(scope='module')

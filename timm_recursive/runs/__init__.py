@@ -46,6 +46,7 @@ from .folders import run_dir_for
 from .loading import (
     check_fits_dataset,
     check_input_size,
+    check_model_name,
     create_classifier,
     create_model_from_checkpoint,
     create_model_from_run_args,
@@ -66,8 +67,8 @@ __all__ = ['TRAINER_STATE', 'CheckpointError', 'CorruptStateError', 'find_last_s
     'states_to_resume', 'store_weights_as_timm', 'INSTALL_COMMAND', 'export_model', 'OUTPUT_MARKER',
     'DestinationError', 'append_json_line', 'check_destination', 'check_file_destination', 'check_folder_path',
     'replace_dir', 'replace_output_dir', 'respect_umask', 'temp_path_beside', 'write_json_atomic',
-    'write_results_file', 'run_dir_for', 'check_fits_dataset', 'check_input_size', 'create_classifier',
-    'create_model_from_checkpoint', 'model_arguments',
+    'write_results_file', 'run_dir_for', 'check_fits_dataset', 'check_input_size', 'check_model_name',
+    'create_classifier', 'create_model_from_checkpoint', 'model_arguments',
     'create_model_from_run_args', 'DirtyCheckoutError', 'checkout_state', 'describe_hardware', 'provenance',
     'require_clean_checkout', 'typed_command', 'RunRecordError', 'epoch_record', 'is_dino_run', 'load_run',
     'run_folder', 'selected_on', 'HUB_ORG', 'PROJECT_URL']

@@ -13,7 +13,7 @@ from timm_recursive.models._pretrained import PretrainedWeightsError, load_error
 from .checkpoint import CheckpointError, load_weights
 
 __all__ = ['create_classifier', 'create_model_from_checkpoint', 'create_model_from_run_args', 'check_input_size',
-           'check_fits_dataset', 'model_arguments']
+           'check_fits_dataset', 'check_model_name', 'model_arguments']
 
 
 # the errors of a model's own checks of its arguments (an unknown one, one out of range, timm's asserts)
@@ -83,6 +83,22 @@ def create_model_from_run_args(recorded: dict, **kwargs) -> nn.Module:
     return _create_model(recorded['model'], **kwargs)
 
 
+def check_model_name(model_name: str) -> None:
+    """A ``CheckpointError`` for a name timm cannot build: an unknown architecture (with the closest names), or a
+    pretrained tag the architecture does not have (with its tags). ``hf-hub:`` and ``local-dir:`` names pass."""
+    import timm
+    if model_name.startswith(('hf-hub:', 'local-dir:')):
+        return
+    arch, _, tag = model_name.partition('.')
+    if not timm.is_model(arch):
+        close = difflib.get_close_matches(arch, timm.list_models(), n=3)
+        hint = f'did you mean {", ".join(close)}?' if close else 'see timm.list_models()'
+        raise CheckpointError(f'unknown model {model_name!r} ({hint})')
+    tags = [name.partition('.')[2] for name in timm.models.get_arch_pretrained_cfgs(arch)]
+    if tag and tag not in tags:
+        raise CheckpointError(f'{arch} has no pretrained tag {tag!r}; its tags: {", ".join(tags) or "none"}')
+
+
 def create_classifier(model_name: str, num_classes: int, pretrained: bool = False, in_chans: Optional[int] = None,
                       **kwargs) -> nn.Module:
     """``timm.create_model`` for a classification dataset, with clear errors.
@@ -92,15 +108,7 @@ def create_classifier(model_name: str, num_classes: int, pretrained: bool = Fals
     missing on the Hub) or loaded, raise ``CheckpointError`` naming the model and the cause.
     """
     import timm
-    if not timm.is_model(model_name.split('.')[0]) and not model_name.startswith(('hf-hub:', 'local-dir:')):
-        close = difflib.get_close_matches(model_name.split('.')[0], timm.list_models(), n=3)
-        hint = f'did you mean {", ".join(close)}?' if close else 'see timm.list_models()'
-        raise CheckpointError(f'unknown model {model_name!r} ({hint})')
-    arch, _, tag = model_name.partition('.')
-    if tag and not model_name.startswith(('hf-hub:', 'local-dir:')):
-        tags = [name.partition('.')[2] for name in timm.models.get_arch_pretrained_cfgs(arch)]
-        if tag not in tags:
-            raise CheckpointError(f'{arch} has no pretrained tag {tag!r}; its tags: {", ".join(tags) or "none"}')
+    check_model_name(model_name)
     cfg = timm.models.get_pretrained_cfg(model_name)
     if in_chans is None:
         in_chans = cfg.input_size[0] if cfg is not None and cfg.input_size else 3

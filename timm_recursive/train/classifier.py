@@ -35,7 +35,7 @@ from timm_recursive.data import (
     selection_images,
 )
 from timm_recursive.layers import TokenFusionObjective, act_loss, ponder_net_loss
-from timm_recursive.runs import check_input_size, create_classifier
+from timm_recursive.runs import check_input_size, check_model_name, create_classifier
 from timm_recursive.runs.checkpoint import CheckpointError, load_weights, store_weights_as_timm
 from timm_recursive.runs.export import export_model
 from timm_recursive.runs.provenance import provenance, typed_command
@@ -85,6 +85,7 @@ def architecture_kwargs(args) -> dict:
     if args.halting != 'none':
         kwargs['halting_head'] = True
     override = input_size_override(args)
+    check_model_name(args.model)
     cfg = timm.models.get_pretrained_cfg(args.model) if timm.is_model(args.model.split('.')[0]) else None
     if override is not None and cfg is not None and cfg.fixed_input_size:
         kwargs.setdefault('img_size', list(override[1]))
