@@ -198,3 +198,25 @@ def test_a_dataset_object_that_cannot_be_used_is_a_dataset_error(which, message)
     dataset = resolve_dataset('digits').train if which == 'train split alone' else 3
     with pytest.raises(DatasetError, match=message):
         resolve_dataset(dataset)
+
+
+def test_analysis_commands_report_their_input_checks_in_one_line_and_keep_the_traceback_of_a_bug(capsys):
+    from timm_recursive.analysis.recursion_interventions import recursion_interventions
+    from timm_recursive.cli.common import status_of
+
+    def refused():  # the package's own check of its input: a user error
+        recursion_interventions(torch.nn.Linear(2, 2), [])
+        return 0
+    assert status_of(refused) == 2
+    assert capsys.readouterr().err == 'error: interventions need a recursive classifier, got Linear\n'
+
+    def broken():  # an operation failing inside a library: a bug, whose traceback must not be hidden
+        torch.ones(2) @ torch.ones(3)
+        return 0
+    with pytest.raises(RuntimeError):
+        status_of(broken)
+
+    def broken_here():  # a TypeError this package did not raise on purpose
+        return len(None)
+    with pytest.raises(TypeError):
+        status_of(broken_here)

@@ -22,13 +22,9 @@ def main(argv=None) -> int:
     import timm_recursive  # noqa: F401  registers the models
     from timm_recursive.analysis.adaptive_halting import check_halting_arguments, measure_halting
     from timm_recursive.cli.args import add_halting_arguments, add_model_arguments, model_from_arguments
-    from timm_recursive.data import (
-        DatasetError,
-        collate_classification,
-        create_dataset_transform,
-    )
+    from timm_recursive.cli.common import is_input_error
+    from timm_recursive.data import collate_classification, create_dataset_transform
     from timm_recursive.models.recursive_classifier_spatial import SpatialRecursiveClassifier
-    from timm_recursive.runs import CheckpointError
 
     p = CommandParser(description='Step-by-step report on a recursive classifier (plots + report.md)')
     add_model_arguments(p)
@@ -51,7 +47,9 @@ def main(argv=None) -> int:
         if not spatial:
             RecursionTracer(model)  # fails early, with a clear error, for other models
         check_halting_arguments(model, args)
-    except (DatasetError, CheckpointError, TypeError, ValueError) as e:
+    except Exception as e:
+        if not is_input_error(e):
+            raise
         print(f'error: {e}', file=sys.stderr)
         return 2
     dataset = splits.eval.select(range(min(args.num_images, len(splits.eval))))
