@@ -35,10 +35,14 @@ def schedule(cells: Sequence[Cell]) -> List[Tuple[Cell, int]]:
 
 
 def train_command(cell: Cell, seed: int, output: pathlib.Path, recipe: Sequence[str]) -> List[str]:
-    """``timm-recursive train`` for one seed of ``cell``: its model, ``recipe``, then the cell's own arguments."""
+    """``timm-recursive train`` for one seed of ``cell``: its model, ``recipe``, then the cell's own arguments; an
+    ``output`` inside the checkout is given relative to it (the command runs there), so records name no path
+    outside the repository."""
     kwargs = ['--model-kwargs', *cell.kwargs] if cell.kwargs else []
+    output = pathlib.Path(output).resolve()
+    shown = output.relative_to(ROOT) if output.is_relative_to(ROOT) else output
     return [str(TRAIN), 'train', '--model', cell.model, *kwargs, *recipe, *cell.train_args,
-            '--seeds', str(seed), '--output', str(output), '--resume', '--no-progress']
+            '--seeds', str(seed), '--output', str(shown), '--resume', '--no-progress']
 
 
 def offline_env() -> Dict[str, str]:
