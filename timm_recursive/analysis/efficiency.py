@@ -40,7 +40,6 @@ from timm_recursive.layers import (
     sparse_attention_sparsity,
 )
 from timm_recursive.models import RecursiveBlock, RecursiveClassifier, SpatialRecursiveClassifier
-from timm_recursive.models.recursive_classifier_spatial import memory_grid_size, step_token_count
 
 __all__ = [
     'block_macs_per_token', 'mixing_macs_per_token', 'memory_macs_per_token', 'memory_tokens', 'step_keys',
@@ -99,21 +98,15 @@ def memory_macs_per_token(block: RecursiveBlock) -> int:
 
 def memory_tokens(model: RecursiveClassifier, input_size: Tuple[int, int]) -> int:
     """Image tokens N a spatial model reads at ``input_size`` (0 for a pooled model)."""
-    if not isinstance(model, SpatialRecursiveClassifier):
-        return 0
-    h, w = memory_grid_size(tuple(input_size), len(model.stages), model.memory_stride)
-    return h * w
+    return model.image_tokens(tuple(input_size))
 
 
 def step_keys(model: RecursiveClassifier, input_size: Tuple[int, int], num_steps: Optional[int] = None):
-    """Per step t = 1..T: (queries, keys) of its attention: ``(t + 2, t + 2)`` pooled, ``(L_t, N + L_t)``
-    spatial (``L_t = t + 1``, plus 1 with the summary token)."""
+    """Per step t = 1..T: (queries, keys) of its attention, from the model's token layout: ``(t + 2, t + 2)``
+    pooled, ``(L_t, N + L_t)`` spatial (``L_t = t + 1``, plus 1 with the summary token)."""
     num_steps = model.num_steps if num_steps is None else num_steps
-    if isinstance(model, SpatialRecursiveClassifier):
-        n = memory_tokens(model, input_size)
-        return [(step_token_count(t, model.keep_summary), n + step_token_count(t, model.keep_summary))
-                for t in range(1, num_steps + 1)]
-    return [(t + 2, t + 2) for t in range(1, num_steps + 1)]
+    n, beyond_step = memory_tokens(model, input_size), 1 - model.step_of_queries(1)
+    return [(t + beyond_step, n + t + beyond_step) for t in range(1, num_steps + 1)]
 
 
 def active_params(model: RecursiveClassifier) -> int:

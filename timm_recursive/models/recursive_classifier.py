@@ -370,6 +370,12 @@ class RecursiveClassifier(nn.Module):
         return step_of_length(num_queries)
 
     @torch.jit.ignore
+    def image_tokens(self, img_size) -> int:
+        """The image tokens a step's queries read besides the step tokens, for images of ``img_size``: none here
+        (the image is pooled into the summary token)."""
+        return 0
+
+    @torch.jit.ignore
     def token_slots(self) -> Dict[str, slice]:
         """Each role's positions among a step's tokens (the blocks' input): summary, hypothesis, history."""
         return dict(ROLE_SLOTS)

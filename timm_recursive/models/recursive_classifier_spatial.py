@@ -304,6 +304,12 @@ class SpatialRecursiveClassifier(RecursiveClassifier):
         return num_queries - self.hypothesis_slot - 1
 
     @torch.jit.ignore
+    def image_tokens(self, img_size) -> int:
+        """The image memory's tokens for images of ``img_size`` (int or (h, w))."""
+        h, w = memory_grid_size(img_size, len(self.stages), self.memory_stride)
+        return h * w
+
+    @torch.jit.ignore
     def token_slots(self) -> Dict[str, slice]:
         start = self.hypothesis_slot
         slots = {'hypothesis': slice(start, start + 1), 'history': slice(start + 1, None)}
