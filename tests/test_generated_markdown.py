@@ -95,3 +95,29 @@ def test_every_table_is_generated_or_declared_a_specification():
     stray = {str(path.relative_to(ROOT)): lines for path in repo.markdown_files()
              if (lines := tables_outside_generated_blocks(path.read_text()))}
     assert not stray, f'Markdown tables not generated from results (file: lines): {stray}'
+
+
+# the repository folders whose paths the pages name in backticks
+REPOSITORY_PREFIXES = ('timm_recursive/', 'experiments/', 'tools/', 'benchmarks/', 'train_scripts/', 'scripts/',
+                       'tests/', 'docs/', 'model_cards/', '.ci/')
+
+
+def test_every_repository_path_the_pages_name_exists():
+    """Backticked repository paths (``timm_recursive/train/dino.py``) and relative links of README.md, docs/ and
+    the study READMEs point at files that exist; placeholders (``<study>``, ``*``, ``{...}``) are skipped."""
+    import re
+    pages = [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md')), *sorted((ROOT / 'experiments').glob('*.md')),
+             *sorted((ROOT / 'experiments').glob('*/README.md'))]
+    missing = []
+    for page in pages:
+        text = page.read_text()
+        for match in re.finditer(r'`([^`\s]+)`', text):
+            path = match.group(1).rstrip('.,:;)').split('::')[0].split(':')[0]
+            if path.startswith(REPOSITORY_PREFIXES) and not re.search(r'[<>*{}$]|\.\.\.', path) \
+                    and not (ROOT / path).exists():
+                missing.append(f'{page.relative_to(ROOT)}: {path}')
+        for match in re.finditer(r'\]\(([^)\s#]+)', text):
+            target = match.group(1)
+            if not target.startswith(('http:', 'https:', 'mailto:')) and not (page.parent / target).exists():
+                missing.append(f'{page.relative_to(ROOT)}: link {target}')
+    assert not missing, missing

@@ -1,5 +1,6 @@
 """The DINO study's tables, from ``results/results.json`` (``collect.py``'s gathering of ``run.sh``'s runs) and
-``results/source.json`` (the source's reported figures, transcribed from seed 003)."""
+``results/source.json`` (the source's reported figures, transcribed from "Vision Transformers Need Better Token
+Interaction")."""
 import json
 import pathlib
 from typing import Dict, List, Optional

@@ -302,7 +302,7 @@ def beside_source(results: pathlib.Path) -> str:
               + ('; a tiny model on all 60,000 images: [fashion_mnist_baselines](../fashion_mnist_baselines/)'
                  if reported['dataset'] == 'fashion_mnist' else '')]
              for name, reported in source['accuracy'].items()]
-    return markdown_table(['metric', 'source (seed 000)', 'here', 'where this project measures it'], rows)
+    return markdown_table(['metric', 'the source', 'here', 'where this project measures it'], rows)
 
 
 def tables(results: pathlib.Path) -> Dict[str, str]:

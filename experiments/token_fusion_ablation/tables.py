@@ -154,7 +154,7 @@ def beside_source(results: pathlib.Path, r: Dict) -> str:
          difference(one.get('both'), one.get('dynamicvit'), images), 'one-budget table, fine-tuned alike'],
         ['DeiT-T top-1 gained', 'yes (no figure)', '—', not_here.replace('deit_s', 'deit_t')],
     ]
-    return markdown_table(['claim', 'source (seed 001)', 'here', 'where this project measures it'], rows)
+    return markdown_table(['claim', 'the source', 'here', 'where this project measures it'], rows)
 
 
 # earlier runs of the study, each on its own dense model (kept, not rerun): folder, label
@@ -400,7 +400,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         'fused_4_vs_2': ' / '.join(gains),
         'fused_4_vs_2_macs': f'{min(extra_macs):.1f}-{max(extra_macs):.1f}%' if extra_macs else '—',
         'setup': markdown_table(
-            ['dense model', 'trained on', 'evaluated on', 'training wall time', 'wall time of the last session',
+            ['dense model', 'trained on', 'evaluated on', 'training wall time', 'wall time since the last resume',
              'timing setup', 'date', 'commit'],
             [[f'{dense["epochs"]} epochs', f'{dense["train_images"]:,} images', dense['eval_images'],
               f'{dense["train_wall_time_s"] / 60:.1f} min', f'{r["this_session_s"] / 60:.1f} min',

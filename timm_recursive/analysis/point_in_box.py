@@ -1,6 +1,6 @@
 """Point-in-Box (PiB): how much of each patch token's attention stays inside the box of its object, per block.
 
-"Vision Transformers Need Better Token Interaction" (seed 003) reads a Point-in-Box analysis to show that
+"Vision Transformers Need Better Token Interaction" reads a Point-in-Box analysis to show that
 shallow layers keep spatial alignment (higher PiB) while deep ones carry the semantics. Its summary gives
 no formula; this module measures what the name says. For each block, with ``A`` the attention
 probabilities averaged over heads,

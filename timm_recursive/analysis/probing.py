@@ -1,4 +1,5 @@
-"""Frozen-feature probes of a ViT backbone, as the source measures its DINO models (seed 003).
+"""Frozen-feature probes of a ViT backbone, as the source ("Vision Transformers Need Better
+Token Interaction") measures its DINO models.
 
 * Linear classification: the normalised [CLS] token of the last ``n_last_blocks`` blocks (DINO's
   linear evaluation; optionally with the average of the last block's patch tokens), a linear

@@ -85,7 +85,7 @@ def _spatial_step(model: SpatialRecursiveClassifier) -> str:
             f"tokens (the encoder's map at stride {model.memory_stride}, with a learned 2-D position embedding; their "
             f"keys and values computed once per image) followed by the step tokens: {read}{mask}. It emits class "
             f"logits from the hypothesis slot and appends a new latent to the history. The image tokens are this "
-            f"project's spatial variant (issue 35), not the source's design.")
+            f"project's spatial variant, not the source's design.")
     # wrapped as the template's other bullets, after its '- **Step t** '
     return textwrap.fill(text, width=100, initial_indent=' ' * 13, subsequent_indent='  ')[13:]
 
