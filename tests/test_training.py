@@ -327,5 +327,5 @@ def test_unavailable_pretrained_weights_give_a_clear_error(capsys):
     # tests run with HF_HUB_OFFLINE=1 and an empty cache: nothing can be fetched
     assert evaluate_script.main(['--model', 'recursive_dsa_moe_tiny.fashion_mnist', '--pretrained']) == 2
     err = capsys.readouterr().err
-    assert 'cannot load the pretrained weights of recursive_dsa_moe_tiny.fashion_mnist' in err
-    assert 'timm-recursive/recursive_dsa_moe_tiny.fashion_mnist' in err
+    assert err == ('error: no weights have been published for recursive_dsa_moe_tiny.fashion_mnist; train them with '
+                   'timm-recursive-train --model recursive_dsa_moe_tiny.fashion_mnist --dataset fashion_mnist\n')
