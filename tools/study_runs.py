@@ -17,6 +17,10 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRAIN = ROOT / '.venv' / 'bin' / 'timm-recursive'
 RECORDS = ('summary.json', 'metrics.jsonl', 'args.json')
+# experiments/fashion_mnist_baselines' recipe (its train.sh), which the FashionMNIST studies start from
+FASHION_MNIST_RECIPE = ('--dataset', 'fashion_mnist', '--batch-size', '128', '--lr', '1e-3', '--weight-decay', '0.05',
+                        '--warmup-epochs', '1', '--clip-grad', '1.0', '--label-smoothing', '0.1', '--scale', '0.75',
+                        '1', '--hflip', '0.5')
 
 
 class Cell(NamedTuple):

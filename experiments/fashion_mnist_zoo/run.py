@@ -23,17 +23,14 @@ from typing import Dict, List
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the repository's tools/
 from tools import study_runs  # noqa: E402
-from tools.study_runs import Cell, Study  # noqa: E402
+from tools.study_runs import FASHION_MNIST_RECIPE, Cell, Study  # noqa: E402
 
 STUDY = pathlib.Path(__file__).resolve().parent
 RESULTS = STUDY / 'results'
 
-# experiments/fashion_mnist_baselines' recipe, the search's starting point
-BASELINE_RECIPE = ['--dataset', 'fashion_mnist', '--batch-size', '128', '--lr', '1e-3', '--weight-decay', '0.05',
-                   '--warmup-epochs', '1', '--clip-grad', '1.0', '--label-smoothing', '0.1', '--scale', '0.75', '1',
-                   '--hflip', '0.5']
+# experiments/fashion_mnist_baselines' recipe is the search's starting point
 RECIPES: Dict[str, List[str]] = {
-    'search': BASELINE_RECIPE + ['--epochs', '10'],
+    'search': [*FASHION_MNIST_RECIPE, '--epochs', '10'],
 }
 
 TINY = 'recursive_dsa_moe_tiny.fashion_mnist'

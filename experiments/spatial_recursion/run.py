@@ -36,14 +36,19 @@ from typing import Dict, List
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the repository's tools/
 from tools import study_runs  # noqa: E402
-from tools.study_runs import Cell, Study, add_arguments, commit, offline_env, run_study  # noqa: E402
+from tools.study_runs import (  # noqa: E402
+    FASHION_MNIST_RECIPE,
+    Cell,
+    Study,
+    add_arguments,
+    commit,
+    offline_env,
+    run_study,
+)
 
 STUDY = pathlib.Path(__file__).resolve().parent
 RESULTS = STUDY / 'results'
 
-COMMON = ['--dataset', 'fashion_mnist', '--batch-size', '128', '--lr', '1e-3', '--weight-decay', '0.05',
-          '--warmup-epochs', '1', '--clip-grad', '1.0', '--label-smoothing', '0.1', '--scale', '0.75', '1',
-          '--hflip', '0.5']
 RECIPES: Dict[str, List[str]] = {
     'ablation': ['--max-train-samples', '6000', '--max-eval-samples', '5000', '--max-selection-samples', '2000',
                  '--epochs', '4'],
@@ -137,7 +142,7 @@ CELLS = {cell.name: cell for cell in DESIGN_SEARCH + BASELINES + FULL_DATA}
 
 
 def train_command(cell: Cell, seed: int, output: pathlib.Path) -> List[str]:
-    return study_runs.train_command(cell, seed, output, COMMON + RECIPES[cell.recipe])
+    return study_runs.train_command(cell, seed, output, [*FASHION_MNIST_RECIPE, *RECIPES[cell.recipe]])
 
 
 SPATIAL_STUDY = Study('spatial_recursion', CELLS, train_command, RESULTS)
