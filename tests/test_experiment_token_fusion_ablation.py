@@ -214,6 +214,7 @@ def test_merging_tables_put_tome_beside_each_method_with_intervals(tmp_path):
     assert pieces['merging_headline'].startswith('at equal MACs off the shelf, ToMe 75.00% vs `both` 50.00%; ToMe '
                                                  'minus `both`: off the shelf +25.00 (')
     assert pieces['merging_headline'].endswith('fine-tuned +2.00 (-0.48 to +4.48) (3 seeds)')
+    assert pieces['merging_finetuned_gaps'].startswith('`both` +2.00 (-0.48 to +4.48)')  # ToMe minus each, tuned
     assert '1.53x the dense model' in pieces['merging_budgets']
     assert pieces['merging_recipe'] == '5 epochs on 5,000 training images'
     assert pieces['merging_proportional_gain'] == 'not measured yet'  # no proportional cell in these results
