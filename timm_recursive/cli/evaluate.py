@@ -32,14 +32,14 @@ from timm_recursive.cli.args import (
     non_negative_int,
     positive_int,
 )
+from timm_recursive.cli.common import is_input_error
 from timm_recursive.data import (
     DatasetError,
     collate_classification,
     create_dataset_transform,
     resolve_dataset_from_options,
 )
-from timm_recursive.runs.checkpoint import CheckpointError
-from timm_recursive.runs.files import DestinationError, check_file_destination, write_results_file
+from timm_recursive.runs.files import check_file_destination, write_results_file
 from timm_recursive.train.evaluate import evaluate_steps
 from timm_recursive.train.losses import StepOutputs
 
@@ -94,7 +94,9 @@ def main(argv=None) -> int:
         splits = load_eval_split(args)
         model = model_from_arguments(args, splits).to(args.device).eval()
         check_halting_arguments(model, args)
-    except (DatasetError, CheckpointError, DestinationError, ValueError) as e:
+    except Exception as e:  # the user's input errors in one line (is_input_error); a bug keeps its traceback
+        if not is_input_error(e):
+            raise
         print(f'error: {e}', file=sys.stderr)
         return 2
     dataset = splits.eval
