@@ -22,7 +22,7 @@ pooling, SigLIP's attention pooling; ``--families`` alone: all of them), the den
 every ``--tome-r`` (same random weights), timed interleaved with that family's dense model, the speed-up
 against it.
 
-Anchors from the issue: BAT 3.005 GMACs at keep 0.7 (DeiT-S 4.6); EViT 3.0 GMACs and about 1.5x on
+Published anchors: BAT 3.005 GMACs at keep 0.7 (DeiT-S 4.6); EViT 3.0 GMACs and about 1.5x on
 GPU; ToMe (r=13) 1.67x. Timings are noisy on a shared CPU: compare the ratios within one run.
 """
 import argparse

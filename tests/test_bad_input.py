@@ -38,7 +38,7 @@ CASES = [
     ('probe', ['linear', '--model', 'vit_tiny_entmax', '--dataset', 'digits', '--model-kwargs', 'depth'],
      "expected key=value words, got 'depth'"),
     ('push_to_hub', [MISSING, '--dry-run'], f'{MISSING} does not exist'),
-    # issue 36: each of these ended in a traceback, or wrote files, or both
+    # each of these once ended in a traceback, or wrote files, or both
     ('evaluate', ['--checkpoint', '{tmp}/export', '--model-kwargs', 'num_stpes=8'],
      "cannot build the model of {tmp}/export: TypeError: RecursiveClassifier.__init__() got an unexpected keyword "
      "argument 'num_stpes'"),

@@ -127,7 +127,7 @@ def test_cpu_kernel_matches_the_exact_solution_and_the_tensor_solver(cpu_kernel,
     x = _scores(*shape, scale=scale)
     p = cpu_kernel.forward(x)
     exact = entmax_ref.entmax15(x.double(), dim=-1)
-    assert (p.double() - exact).abs().max() < 1e-5  # the bar; measured ~1e-6 in float32
+    assert (p.double() - exact).abs().max() < 1e-5  # the bar; measured ~1e-6 in float32
     assert (p.sum(-1) - 1).abs().max() < 1e-5 and (p >= 0).all()
     assert torch.equal(p > 0, exact > 1e-12) or (p > 0).ne(exact > 0).sum() <= 2  # boundary ties only
     # through autograd: kernel forward + backward against the tensor-level solver

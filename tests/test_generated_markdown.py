@@ -121,3 +121,26 @@ def test_every_repository_path_the_pages_name_exists():
             if not target.startswith(('http:', 'https:', 'mailto:')) and not (page.parent / target).exists():
                 missing.append(f'{page.relative_to(ROOT)}: link {target}')
     assert not missing, missing
+
+
+# the words that would make a page speak of how the project is run rather than of the project
+OUTSIDE_WORDS = r'\bissues?\b|\bworkspace\b|\.\./shared|\blent\b|\bseed 00\d\b'
+TEXT_SUFFIXES = {'.md', '.py', '.sh', '.yaml', '.toml', '.j2', '.txt', '.cfg'}
+
+
+def test_the_repository_speaks_only_of_the_project():
+    """No page, card template, comment or message mentions a tracker issue, the workspace around the checkout,
+    seed files or borrowed hardware: a reader of the repository meets only the project."""
+    import re
+    listed = subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip('not a git checkout')
+    found = []
+    for name in listed.stdout.splitlines():
+        path = ROOT / name
+        if (path.suffix in TEXT_SUFFIXES or path.name in {'Makefile', 'run'}) and path.is_file() \
+                and path != pathlib.Path(__file__):
+            for number, line in enumerate(path.read_text(errors='replace').splitlines(), 1):
+                if re.search(OUTSIDE_WORDS, line, re.IGNORECASE):
+                    found.append(f'{name}:{number}: {line.strip()[:100]}')
+    assert not found, found

@@ -1,4 +1,4 @@
-"""The spatial recursive classifiers (issue 35): the steps read the image's feature map through attention."""
+"""The spatial recursive classifiers: the steps read the image's feature map through attention."""
 import math
 
 import pytest

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Adaptive halting (issue 23) of the reference tiny DSA-MoE on FashionMNIST: does stopping each
+# Adaptive halting of the reference tiny DSA-MoE on FashionMNIST: does stopping each
 # image at its own step keep the 16-step accuracy for less compute?
 #   1. trains the reference model (seed 0) exactly as the ablations do (first 6,000 training images,
 #      4 epochs; resumes, skipped once finished) into OUTPUT_ROOT/ablation/dsa_moe/seed0, and the same

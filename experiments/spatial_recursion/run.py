@@ -102,7 +102,7 @@ DESIGN_SEARCH = (
     # yet read (deterministic, unlike the random and sampled designs)
     Cell('dsa_k2_steps16_indexer_kl_mask_seen', SPATIAL,
          ('num_steps=16', 'topk=2', 'indexer_loss_weight=100', 'mask_seen=True'), 'ablation'),
-    # two levers of the issue not yet varied here, on the design that reaches the refinement target: the gradient
+    # two levers not yet varied here, on the design that reaches the refinement target: the gradient
     # through the whole history (a step's glimpse then also learns from later steps' losses, as the Recurrent
     # Attention Model is trained through all its glimpses), and no step embedding (the hypothesis query then
     # differs between steps only through what it has read)

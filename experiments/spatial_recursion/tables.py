@@ -16,10 +16,10 @@ from timm_recursive.analysis.intervals import format_interval, mean_interval
 from tools.generated_markdown import import_file, markdown_table
 
 INPUT_SIZE = (28, 28)
-TARGET_GAIN = 1.0  # issue 35: the last step at least 1.0 point above step 1, the interval above 0
+TARGET_GAIN = 1.0  # refinement target: the last step at least 1.0 point above step 1, the interval above 0
 COMPARED = (('pooled_dsa_k6_steps16', 'the pooled DSA-MoE'), ('resnet18', 'ResNet-18'))  # beside the headline
 FULL_DATA_PREFIX = 'full_'  # run.py's cells on all 60,000 images (the other cells: the ablation recipe)
-FULL_DATA_TARGET = 92.5  # issue 35: test top-1 on all 60,000 images, held-out selection
+FULL_DATA_TARGET = 92.5  # accuracy target: test top-1 on all 60,000 images, held-out selection
 # the pooled models under the full recipe: experiments/fashion_mnist_baselines' held-out runs
 POOLED_FULL = pathlib.Path(__file__).resolve().parent.parent / 'fashion_mnist_baselines' / 'results' / 'held_out'
 POOLED_FULL_DSA = 'fashion_mnist_baselines/recursive_dsa_moe_tiny'  # the pooled DSA-MoE among them
@@ -215,7 +215,7 @@ def full_data_clause(full: Dict[str, List[dict]], pooled: Dict[str, List[dict]],
 
 
 def _reaches_target(runs: List[dict]) -> bool:
-    """Issue 35's refinement target on test: the last step at least 1.0 point above step 1, the interval above 0."""
+    """The refinement target on test: the last step at least 1.0 point above step 1, the interval above 0."""
     change, half = _change(runs)
     return change >= TARGET_GAIN and change - half > 0
 
@@ -250,7 +250,7 @@ HALTING_RESULT = import_file(pathlib.Path(__file__).resolve().parent / 'run.py')
 def halting_table(results: pathlib.Path, cells: Dict[str, List[dict]]) -> str:
     """The confidence exit of every cell whose seeds ``run.py --halting`` measured: at the threshold each seed chose on
     its held-out images, top-1, mean steps and multiply-adds, against the fixed depth that costs no more (the
-    deepest step whose multiply-adds are at most the exit's): the issue asks the exit to lie at or above the fixed
+    deepest step whose multiply-adds are at most the exit's): the exit should lie at or above the fixed
     depths' curve. Means over seeds; the exit-minus-fixed difference with its interval over seeds (paired)."""
     rows = []
     for name in cells:
@@ -279,7 +279,7 @@ def halting_table(results: pathlib.Path, cells: Dict[str, List[dict]]) -> str:
 
 def full_data_table(full: Dict[str, List[dict]], pooled: Dict[str, List[dict]]) -> str:
     """The full-recipe cells beside the pooled models trained with that recipe: test top-1 at step 1 and the last
-    step over seeds, the change paired by seed, and the issue's 92.5% target."""
+    step over seeds, the change paired by seed, and the 92.5% target."""
     if not full:
         return ('not measured yet: `experiments/spatial_recursion/run.py --only full_dsa_k2_steps16 --commit` '
                 '(all 60,000 images, 10 epochs, 3 seeds; about 2 h a seed on one thread of this CPU)')

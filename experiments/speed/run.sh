@@ -5,7 +5,7 @@
 #   BENCHMARK: efficiency entmax_speed entmax_speed_1thread recursive_train_speed recursive_train_speed_b128
 #   recursive_train_speed_b256 layer_floor token_fusion_cost compile_speed spatial_train_speed tome_cost (default: all;
 #   the spatial recursion study's training images/s, at 16 steps on 28 px, with OMP_NUM_THREADS=1; compile_speed took 76 min
-#   of wall time here; the throughput study of issue 25 ran recursive_train_speed_b* with OMP_NUM_THREADS=1).
+#   of wall time here; the throughput study ran recursive_train_speed_b* with OMP_NUM_THREADS=1).
 #   OUTPUT_DIR must not exist: a run never overwrites another.
 # The committed results are updated only by copying the run's folder:  cp -r OUTPUT_DIR experiments/speed/results/
 set -euo pipefail

@@ -171,7 +171,7 @@ def compile_table(report: dict) -> str:
           summary['graphs_compiled']]])
 
 
-# issue 25's study of DSA-MoE's training step (results/20261205-0125): its parts, as
+# the throughput study of DSA-MoE's training step (results/20261205-0125): its parts, as
 # ``benchmarks/profile_train_step.py`` names them (function, then operator or backward node)
 THROUGHPUT_STUDY = '20261205-0125'
 _LINEAR = ('aten::linear', 'AddmmBackward0', 'MmBackward0', 'TBackward0')
@@ -207,7 +207,7 @@ def _profile_share(profile: dict, part) -> float:
 
 
 def throughput_profile_table(study: pathlib.Path) -> str:
-    """Shares of DSA-MoE's profiled training step by part, before and after issue 25's changes."""
+    """Shares of DSA-MoE's profiled training step by part, before and after the throughput study's changes."""
     before, after = (json.loads((study / f'profile_dsa_moe_{commit}.json').read_text())
                      for commit in ('f936afe', 'a2ec2cd'))
     rows = [[name, f'{_profile_share(before, part):.2%}', f'{_profile_share(after, part):.2%}']
@@ -243,7 +243,7 @@ def throughput_range(results: pathlib.Path) -> str:
 
 
 def throughput_ratio_table(results: pathlib.Path) -> str:
-    """DSA-MoE / SA-MLP images/s at batch 128 and 256 at each commit of issue 25, then in every later run of
+    """DSA-MoE / SA-MLP images/s at batch 128 and 256 at each commit of the throughput study, then in every later run of
     ``recursive_train_speed_b128`` / ``_b256``."""
     study = results / THROUGHPUT_STUDY
     rows = [[f'`{commit}` ({what})', _train_ratio(study / f'train_speed_b128_{commit}.json'),
