@@ -52,7 +52,8 @@ FAMILIES = {  # row name: (timm model, its kwargs); 224 px
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--keep-rates', type=float, nargs='+', default=[0.5, 0.6, 0.7, 0.8])
+    parser.add_argument('--keep-rates', type=float, nargs='*', default=[0.5, 0.6, 0.7, 0.8],
+                        help='deit_s_tokenfuse at these keep rates (none: --keep-rates alone)')
     parser.add_argument('--tome-r', type=int, nargs='*', default=[], help="mode='tome' with these r (ToMe: 13, 16)")
     parser.add_argument('--families', nargs='*', choices=list(FAMILIES), default=None,
                         help="other ViT families, dense and mode='tome' at every --tome-r (alone: all of them)")

@@ -3,7 +3,7 @@
 # writing its JSON into a fresh folder, plus provenance.json (date, commit, machine, wall time of each).
 # Usage: experiments/speed/run.sh OUTPUT_DIR [BENCHMARK ...]
 #   BENCHMARK: efficiency entmax_speed entmax_speed_1thread recursive_train_speed recursive_train_speed_b128
-#   recursive_train_speed_b256 layer_floor token_fusion_cost compile_speed spatial_train_speed tome_cost (default: all;
+#   recursive_train_speed_b256 layer_floor token_fusion_cost compile_speed spatial_train_speed tome_cost tome_families (default: all;
 #   the spatial recursion study's training images/s, at 16 steps on 28 px, with OMP_NUM_THREADS=1; compile_speed took 76 min
 #   of wall time here; the throughput study ran recursive_train_speed_b* with OMP_NUM_THREADS=1).
 #   OUTPUT_DIR must not exist: a run never overwrites another.
@@ -27,12 +27,13 @@ declare -A commands=(
     [token_fusion_cost]="benchmarks/token_fusion_cost.py --json --repeats 5 --batch-sizes 1 32 128 --keep-rates 0.5 0.6 0.673 0.7 0.8"
     [compile_speed]="benchmarks/compile_speed.py --json"
     [tome_cost]="benchmarks/token_fusion_cost.py --json --repeats 5 --batch-sizes 1 32 128 --keep-rates 0.673 0.7 --tome-r 13 16 --train-batch-sizes 32"
+    [tome_families]="benchmarks/token_fusion_cost.py --json --repeats 5 --batch-sizes 1 32 --keep-rates --tome-r 13 16 --families"
     [spatial_train_speed]="benchmarks/recursive_train_speed.py --json --batch-size 128 --repeats 5 --warmup 1 --models recursive_sa_mlp_spatial_tiny.fashion_mnist:in_chans=1,num_steps=16 recursive_sa_moe_spatial_tiny.fashion_mnist:in_chans=1,num_steps=16 recursive_dsa_moe_spatial_tiny.fashion_mnist:in_chans=1,num_steps=16,topk=2 recursive_dsa_moe_spatial_tiny.fashion_mnist:in_chans=1,num_steps=16 recursive_dsa_moe_spatial_tiny.fashion_mnist:in_chans=1,num_steps=16,topk=16"
 )
 selected=("$@")
 [ ${#selected[@]} -gt 0 ] || selected=(efficiency entmax_speed entmax_speed_1thread recursive_train_speed
                                        recursive_train_speed_b128 recursive_train_speed_b256 layer_floor
-                                       token_fusion_cost compile_speed spatial_train_speed tome_cost)
+                                       token_fusion_cost compile_speed spatial_train_speed tome_cost tome_families)
 for name in "${selected[@]}"; do
     [ -n "${commands[$name]:-}" ] || { echo "error: unknown benchmark $name (known: ${!commands[*]})" >&2; exit 2; }
 done

@@ -11,7 +11,7 @@ from tools.generated_markdown import markdown_table
 
 BENCHMARKS = ('efficiency', 'entmax_speed', 'entmax_speed_1thread', 'recursive_train_speed',
               'recursive_train_speed_b128', 'recursive_train_speed_b256', 'layer_floor', 'token_fusion_cost',
-              'compile_speed', 'spatial_train_speed', 'tome_cost')
+              'compile_speed', 'spatial_train_speed', 'tome_cost', 'tome_families')
 
 
 def _runs(results: pathlib.Path):
@@ -315,7 +315,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     pieces = {'provenance': provenance_table(found), 'across_runs': across_runs_table(results)}
     makers = {'efficiency': efficiency_table, 'entmax_speed': entmax_table, 'entmax_speed_1thread': entmax_table,
               'recursive_train_speed': train_table, 'spatial_train_speed': train_table,
-              'tome_cost': token_fusion_table,
+              'tome_cost': token_fusion_table, 'tome_families': token_fusion_table,
               'token_fusion_cost': token_fusion_table, 'compile_speed': compile_table}
     for name, make in makers.items():
         pieces[name] = (make(found[name][0]) if name in found else
