@@ -43,3 +43,48 @@ def test_the_search_table_reads_the_last_held_out_epoch_against_the_references_s
     assert 'search_steps16' not in table  # not run yet
     provenance = zoo_tables.provenance_table(tmp_path / 'results')
     assert '--output runs/fashion_mnist_zoo/x/seed0 --resume' in provenance and '/somewhere' not in provenance
+
+
+def test_every_zoo_cell_trains_by_the_recipe_file_with_options_the_command_knows():
+    from timm_recursive.cli.train import parse_args
+    for name, cell in zoo_run.ZOO_CELLS.items():
+        command = zoo_run.train_command(cell, 0, ROOT / 'runs' / 'fashion_mnist_zoo' / name / 'seed0')
+        assert command[command.index('-c') + 1] == 'train_scripts/recipes/fashion_mnist.yaml'
+        args = parse_args(command[2:])
+        assert (args.dataset, args.val_fraction) == ('fashion_mnist', 0.1), name  # the held-out images choose
+
+
+def _zoo_run(folder: pathlib.Path, seed: int, test_per_step, held_out_per_step):
+    folder.mkdir(parents=True)
+    (folder / 'summary.json').write_text(json.dumps({
+        'seed': seed, 'wall_time_s': 7200., 'best': {'selection_top1_per_step': held_out_per_step},
+        'test': {'exported': {'top1': test_per_step[-1], 'top1_per_step': test_per_step}}}))
+
+
+def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_out_images_choose(tmp_path):
+    results = tmp_path / 'results'
+    # held out: step 2 is best on average (92.0 against 91.9 at step 3); test read at that step
+    for seed, (test, held_out) in enumerate((([90.0, 92.0, 92.5], [91.0, 92.0, 92.1]),
+                                             ([91.0, 92.0, 93.5], [91.0, 92.0, 91.7]))):
+        _zoo_run(results / 'dsa_moe_small' / f'seed{seed}', seed, test, held_out)
+    for seed, top1 in enumerate((92.0, 93.0)):
+        _zoo_run(results / 'sa_mlp_small' / f'seed{seed}', seed, [top1 - 1, top1], [90.0, 91.0])
+    _zoo_run(results / 'resnet18' / 'seed0', 0, [94.0], [93.0])
+    cost = {'models': {
+        'dsa_moe_small': {'params': 1.2e6, 'active_params': 0.9e6, 'macs': 54.3e6, 'block_macs_per_token': 0.236e6,
+                          'macs_per_step': [20e6, 30e6, 54.3e6], 'inference_b1_images_per_s': 22.,
+                          'inference_b128_images_per_s': 259., 'train_b128_images_per_s': 120.},
+        'sa_mlp_small': {'params': 1.3e6, 'active_params': 1.3e6, 'macs': 75.7e6, 'block_macs_per_token': 0.442e6,
+                         'macs_per_step': [30e6, 75.7e6], 'inference_b1_images_per_s': 61.,
+                         'inference_b128_images_per_s': 220., 'train_b128_images_per_s': 100.}}}
+    rows = zoo_tables.zoo_rows(results, zoo_run.ZOO_CELLS, cost)
+    assert [row['cell'] for row in rows] == ['dsa_moe_small', 'sa_mlp_small', 'resnet18']  # the zoo's order
+    table = zoo_tables.zoo_table(rows)
+    # the mean of 93.0 and 92.5, Student's t over two seeds; the gain paired by seed (+2.5 both); exit at step 2
+    assert ('| `dsa_moe_small` | 2 | 93.00 (86.65 to 99.35) | +2.50 (+2.50 to +2.50) | '
+            '2 of 3 steps: 92.00, 30.0M MACs | 1.20 | 0.90 | 54.3 | 22 | 259 | 120 | 2.0 |') in table
+    assert '| `resnet18` | 1 | 94.00 (one seed) |  |  |  |  |  |  |  |  | 2.0 |' in table  # cost not measured
+    claim = zoo_tables.efficiency_claim(rows)
+    assert claim.startswith('DSA-MoE minus SA-MLP test top-1 +0.50 (')
+    assert claim.endswith('block multiply-adds per token 0.53x, training images/s 1.20x')
+    assert zoo_tables.efficiency_claim(rows[1:]).startswith('not measured yet')

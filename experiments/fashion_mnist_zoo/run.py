@@ -31,6 +31,8 @@ RESULTS = STUDY / 'results'
 # experiments/fashion_mnist_baselines' recipe is the search's starting point
 RECIPES: Dict[str, List[str]] = {
     'search': [*FASHION_MNIST_RECIPE, '--epochs', '10'],
+    # the recipe the search chose, as a user runs it
+    'zoo': ['-c', 'train_scripts/recipes/fashion_mnist.yaml'],
 }
 
 TINY = 'recursive_dsa_moe_tiny.fashion_mnist'
@@ -50,21 +52,36 @@ SEARCH = (
     Cell('search_no_jitter', TINY, STEPS8, 'search', seeds=(0,), train_args=('--color-jitter', '0')),
     # the transformer's width: 192 (6 heads of 32)
     Cell('search_d192', TINY, STEPS8 + ('embed_dim=192', 'num_heads=6'), 'search', seeds=(0,)),
+    # the width on the wider encoder: the size the zoo trains (recursive_*_small) against search_enc64's
+    Cell('search_enc64_d192', TINY, STEPS8 + ('encoder_chans=(64,128,256)', 'embed_dim=192', 'num_heads=6'), 'search',
+         seeds=(0,)),
 )
-CELLS = {cell.name: cell for cell in SEARCH}
+# timm's own models on 28 px single-channel images, built by the training command's --in-chans and --img-size
+ON_28_PX = ('--in-chans', '1', '--img-size', '28')
+ZOO = (
+    Cell('dsa_moe_small', 'recursive_dsa_moe_small.fashion_mnist', (), 'zoo'),
+    Cell('sa_moe_small', 'recursive_sa_moe_small.fashion_mnist', (), 'zoo'),
+    Cell('sa_mlp_small', 'recursive_sa_mlp_small.fashion_mnist', (), 'zoo'),
+    Cell('resnet18', 'resnet18', (), 'zoo', train_args=ON_28_PX),
+    Cell('mobilenetv3_large_100', 'mobilenetv3_large_100', (), 'zoo', train_args=ON_28_PX),
+    # 49 tokens through 12 blocks: about four times the others' training time per image (cost.py), so one seed
+    Cell('vit_tiny_patch4', 'vit_tiny_patch16_224', ('patch_size=4',), 'zoo', seeds=(0,), train_args=ON_28_PX),
+)
+ZOO_CELLS = {cell.name: cell for cell in ZOO}
+CELLS = {cell.name: cell for cell in SEARCH + ZOO}
 
 
 def train_command(cell: Cell, seed: int, output: pathlib.Path) -> List[str]:
     return study_runs.train_command(cell, seed, output, RECIPES[cell.recipe])
 
 
-ZOO = Study('fashion_mnist_zoo', CELLS, train_command, RESULTS)
+STUDY_RUNS = Study('fashion_mnist_zoo', CELLS, train_command, RESULTS)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    study_runs.add_arguments(parser, ZOO, ROOT / 'runs' / 'fashion_mnist_zoo')
-    return study_runs.run_study(ZOO, parser.parse_args(argv))
+    study_runs.add_arguments(parser, STUDY_RUNS, ROOT / 'runs' / 'fashion_mnist_zoo')
+    return study_runs.run_study(STUDY_RUNS, parser.parse_args(argv))
 
 
 if __name__ == '__main__':

@@ -1,16 +1,21 @@
 """The FashionMNIST zoo's tables, generated from ``results/`` (never typed by hand).
 
 ``results/<cell>/seed<S>/`` holds each finished run of ``run.py`` (``summary.json``, ``metrics.jsonl``,
-``args.json``). The recipe search (cells ``search_*``, one seed each) is judged on the held-out training images
+``args.json``), ``results/cost.json`` what ``cost.py`` measured of every zoo model. The zoo table reads each run's
+test top-1 at the epoch its held-out images chose (the exported model); a recursive model's deployed exit is the
+fixed depth whose held-out top-1 (mean over seeds, at the chosen epochs) is highest, the fewest steps on a tie.
+The recipe search (cells ``search_*``, one seed each) is judged on the held-out training images
 only: a lever's held-out top-1 at its last epoch against the reference recipe's three seeds, the runs of
 ``experiments/fashion_mnist_baselines`` (``REFERENCE``) that every search cell starts from.
 """
 import json
+import math
 import pathlib
 import re
 import statistics
-from typing import Dict, List
+from typing import Dict, List, Optional
 
+from timm_recursive.analysis.intervals import difference_interval, format_interval, mean_interval
 from tools.generated_markdown import import_file, markdown_table
 
 STUDY = pathlib.Path(__file__).resolve().parent
@@ -46,7 +51,7 @@ def search_table(results: pathlib.Path, cells: Dict[str, object], reference: pat
         value = last_held_out(folder)
         rows.append([f'`{name}`', lever(cell), 1, f'{value:.2f}', f'{value - mean:+.2f}',
                      f'{summary["wall_time_s"] / 60:.0f}'])
-    return markdown_table(['cell', 'lever (one change from the reference)', 'seeds',
+    return markdown_table(['cell', 'lever (its changes from the reference)', 'seeds',
                            'held-out top-1, last epoch (%)', 'minus the reference mean (points)',
                            'wall time (min)'], rows)
 
@@ -64,6 +69,92 @@ def provenance_table(results: pathlib.Path) -> str:
     return markdown_table(['cell', 'seed', 'commit', 'date', 'hardware', 'command'], rows)
 
 
+def _summaries(results: pathlib.Path, cell: str) -> List[dict]:
+    return [json.loads(path.read_text()) for path in sorted((results / cell).glob('seed*/summary.json'))]
+
+
+def _interval(values: List[float], signed: bool = False) -> str:
+    mean, half = mean_interval(values)
+    if math.isnan(half):
+        return f'{mean:{"+" if signed else ""}.2f} (one seed)'
+    return format_interval(mean, half, signed)
+
+
+def deployed_exit(summaries: List[dict]) -> int:
+    """The fixed depth (1-based) a user would deploy: the highest mean held-out top-1 over seeds, at each run's
+    chosen epoch; the fewest steps on a tie."""
+    per_step = [s['best']['selection_top1_per_step'] for s in summaries]
+    means = [statistics.fmean(step) for step in zip(*per_step)]
+    return means.index(max(means)) + 1
+
+
+def zoo_rows(results: pathlib.Path, cells: Dict[str, object], cost: Optional[dict]) -> List[dict]:
+    """One row per zoo cell with a finished run: its test top-1 over seeds, the recursive models' step 1 and
+    deployed exit, and what ``cost.py`` measured of it (None where not measured)."""
+    rows = []
+    for name in cells:
+        summaries = _summaries(results, name)
+        if not summaries:
+            continue
+        tests = [s['test']['exported'] for s in summaries]
+        row = {'cell': name, 'seeds': len(summaries), 'top1': [t['top1'] for t in tests],
+               'wall_h': statistics.fmean(s['wall_time_s'] for s in summaries) / 3600,
+               'cost': (cost or {}).get('models', {}).get(name)}
+        if len(tests[0].get('top1_per_step', [])) > 1:
+            depth = deployed_exit(summaries)
+            row.update(gain=[t['top1_per_step'][-1] - t['top1_per_step'][0] for t in tests], exit_steps=depth,
+                       exit_top1=[t['top1_per_step'][depth - 1] for t in tests],
+                       num_steps=len(tests[0]['top1_per_step']))
+        rows.append(row)
+    return rows
+
+
+def _millions(value: Optional[float], digits: int = 2) -> str:
+    return '' if value is None else f'{value / 1e6:.{digits}f}'
+
+
+def zoo_table(rows: List[dict]) -> str:
+    table = []
+    for row in rows:
+        cost = row['cost'] or {}
+        recursive = 'gain' in row
+        exit_cell = ''
+        if recursive:
+            exit_macs = (cost.get('macs_per_step') or [None] * row['num_steps'])[row['exit_steps'] - 1]
+            exit_cell = (f'{row["exit_steps"]} of {row["num_steps"]} steps: {statistics.fmean(row["exit_top1"]):.2f}'
+                         + (f', {exit_macs / 1e6:.1f}M MACs' if exit_macs else ''))
+        speed = [f'{cost[key]:.0f}' if key in cost else '' for key in
+                 ('inference_b1_images_per_s', 'inference_b128_images_per_s', 'train_b128_images_per_s')]
+        table.append([f'`{row["cell"]}`', row['seeds'], _interval(row['top1']),
+                      _interval(row['gain'], signed=True) if recursive else '', exit_cell,
+                      _millions(cost.get('params')), _millions(cost.get('active_params')),
+                      _millions(cost.get('macs'), 1), *speed, f'{row["wall_h"]:.1f}'])
+    return markdown_table(['model', 'seeds', 'test top-1 (%), 95% interval', 'last step minus step 1 (points)',
+                           'deployed exit: test top-1 (%)', 'params (M)', 'active params (M)', 'MACs/image (M)',
+                           'images/s, batch 1', 'images/s, batch 128', 'training images/s, batch 128',
+                           'wall time per run (h)'], table)
+
+
+def efficiency_claim(rows: List[dict], sparse: str = 'dsa_moe_small', dense: str = 'sa_mlp_small') -> str:
+    """The source's claim on the zoo's runs: DSA-MoE's accuracy against the same-size SA-MLP's, its
+    transformer-block multiply-adds and its training images/s, each as a ratio to SA-MLP's."""
+    found = {row['cell']: row for row in rows}
+    if sparse not in found or dense not in found:
+        return f'not measured yet: `{sparse}` and `{dense}` have not both finished a run'
+    a, b = found[sparse], found[dense]
+    difference, half = difference_interval(a['top1'], b['top1'])
+    text = f'DSA-MoE minus SA-MLP test top-1 {format_interval(difference, half, signed=True)} points'
+    if a['cost'] and b['cost']:
+        block = a['cost']['block_macs_per_token'] / b['cost']['block_macs_per_token']
+        training = a['cost']['train_b128_images_per_s'] / b['cost']['train_b128_images_per_s']
+        text += f'; block multiply-adds per token {block:.2f}x, training images/s {training:.2f}x'
+    return text
+
+
 def tables(results: pathlib.Path) -> Dict[str, str]:
-    cells = import_file(STUDY / 'run.py').CELLS
-    return {'search': search_table(results, cells), 'provenance': provenance_table(results)}
+    run = import_file(STUDY / 'run.py')
+    cost_path = results / 'cost.json'
+    rows = zoo_rows(results, run.ZOO_CELLS, json.loads(cost_path.read_text()) if cost_path.exists() else None)
+    return {'search': search_table(results, run.CELLS), 'provenance': provenance_table(results),
+            'zoo': zoo_table(rows) if rows else 'not measured yet: no zoo run has finished (`run.py --only ZOO_CELL`)',
+            'efficiency_claim': efficiency_claim(rows)}

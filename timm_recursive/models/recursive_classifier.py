@@ -793,6 +793,10 @@ def _dataset_cfgs(arch: str, cfg=_cfg):
     }
 
 
+def _small_cfg(tag_id: str = '', **kwargs):
+    return _cfg(tag_id, pool_size=(1, 10), **kwargs)  # the feature sequence of 8 steps: 8 + 2 tokens
+
+
 default_cfgs = generate_default_cfgs({
     **_dataset_cfgs('recursive_sa_mlp_cifar'),
     **_dataset_cfgs('recursive_sa_moe_cifar'),
@@ -800,12 +804,18 @@ default_cfgs = generate_default_cfgs({
     **_dataset_cfgs('recursive_sa_mlp_tiny'),
     **_dataset_cfgs('recursive_sa_moe_tiny'),
     **_dataset_cfgs('recursive_dsa_moe_tiny'),
+    **_dataset_cfgs('recursive_sa_mlp_small', _small_cfg),
+    **_dataset_cfgs('recursive_sa_moe_small', _small_cfg),
+    **_dataset_cfgs('recursive_dsa_moe_small', _small_cfg),
 })
 
 # the source's reported configuration: d=512, depth 4, 8 heads, encoder 64/128/256, 16 steps, k=6
 _CIFAR_ARGS = dict(embed_dim=512, depth=4, num_heads=8, encoder_chans=(64, 128, 256), num_steps=16, topk=6)
 # a CPU-trainable size of the same design
 _TINY_ARGS = dict(embed_dim=128, depth=2, num_heads=4, encoder_chans=(32, 64, 128), num_steps=16, topk=6)
+# between the two, chosen on FashionMNIST's held-out images (experiments/fashion_mnist_zoo): the source's encoder,
+# a wider transformer, 8 steps
+_SMALL_ARGS = dict(embed_dim=192, depth=2, num_heads=6, encoder_chans=(64, 128, 256), num_steps=8, topk=6)
 
 
 @register_model
@@ -848,3 +858,24 @@ def recursive_dsa_moe_tiny(pretrained: bool = False, **kwargs) -> RecursiveClass
     """CPU-sized DSA-MoE (d=128, depth 2, 4 heads, k=6)."""
     model_args = dict(_TINY_ARGS, attn='dsa', ffn='moe')
     return _create_recursive_classifier('recursive_dsa_moe_tiny', pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def recursive_sa_mlp_small(pretrained: bool = False, **kwargs) -> RecursiveClassifier:
+    """SA-MLP between tiny and cifar (d=192, depth 2, 6 heads, encoder 64/128/256, 8 steps)."""
+    model_args = dict(_SMALL_ARGS, attn='dense', ffn='mlp')
+    return _create_recursive_classifier('recursive_sa_mlp_small', pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def recursive_sa_moe_small(pretrained: bool = False, **kwargs) -> RecursiveClassifier:
+    """SA-MoE between tiny and cifar (d=192, depth 2, 6 heads, encoder 64/128/256, 8 steps)."""
+    model_args = dict(_SMALL_ARGS, attn='dense', ffn='moe')
+    return _create_recursive_classifier('recursive_sa_moe_small', pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def recursive_dsa_moe_small(pretrained: bool = False, **kwargs) -> RecursiveClassifier:
+    """DSA-MoE between tiny and cifar (d=192, depth 2, 6 heads, k=6, encoder 64/128/256, 8 steps)."""
+    model_args = dict(_SMALL_ARGS, attn='dsa', ffn='moe')
+    return _create_recursive_classifier('recursive_dsa_moe_small', pretrained, **dict(model_args, **kwargs))
