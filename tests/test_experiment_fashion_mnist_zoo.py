@@ -88,3 +88,13 @@ def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_o
     assert claim.startswith('DSA-MoE minus SA-MLP test top-1 +0.50 (')
     assert claim.endswith('block multiply-adds per token 0.53x, training images/s 1.20x')
     assert zoo_tables.efficiency_claim(rows[1:]).startswith('not measured yet')
+
+
+def test_the_plot_draws_every_measured_model(tmp_path):
+    results = tmp_path / 'results'
+    _zoo_run(results / 'dsa_moe_small' / 'seed0', 0, [90.0, 92.0], [91.0, 92.0])
+    _zoo_run(results / 'resnet18' / 'seed0', 0, [94.0], [93.0])
+    cost = {'dsa_moe_small': {'macs': 54e6, 'macs_per_step': [30e6, 54e6]}, 'resnet18': {'macs': 33e6}}
+    (results / 'cost.json').write_text(json.dumps({'models': cost}))
+    assert import_file(STUDY / 'plot.py').main([str(results)]) == 0
+    assert (results / 'accuracy_vs_macs.png').stat().st_size > 1000

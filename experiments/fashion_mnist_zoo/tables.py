@@ -104,7 +104,8 @@ def zoo_rows(results: pathlib.Path, cells: Dict[str, object], cost: Optional[dic
             depth = deployed_exit(summaries)
             row.update(gain=[t['top1_per_step'][-1] - t['top1_per_step'][0] for t in tests], exit_steps=depth,
                        exit_top1=[t['top1_per_step'][depth - 1] for t in tests],
-                       num_steps=len(tests[0]['top1_per_step']))
+                       num_steps=len(tests[0]['top1_per_step']),
+                       top1_per_step=[statistics.fmean(step) for step in zip(*(t['top1_per_step'] for t in tests))])
         rows.append(row)
     return rows
 
