@@ -3,7 +3,9 @@
 # cards kept in model_cards/ beside the run records they are rendered from (model_cards/runs/<arch.tag>/, which
 # `python experiments/render.py --check` renders again and compares): the FashionMNIST baselines' seed-0 runs
 # (experiments/fashion_mnist_baselines/train.sh ROOT: ROOT/recursive_<variant>_tiny/seed0, default
-# runs/fashion_mnist) and the digits demo's run (experiments/digits_demo/run.sh runs/digits_demo).
+# runs/fashion_mnist), the digits demo's run (experiments/digits_demo/run.sh runs/digits_demo) and, of the FashionMNIST
+# zoo's small recursive models (experiments/fashion_mnist_zoo/run.py, runs/fashion_mnist_zoo), each variant's seed
+# with the highest held-out top-1.
 # Every card publishes the epoch chosen on held-out training images (--weights best).
 # Repo ids are HUB_ORG/<arch>.<tag> (HUB_ORG from timm_recursive.runs, the one place it is defined).
 # Usage: scripts/hub_folders.sh [ROOT]
@@ -21,3 +23,13 @@ for variant in dsa_moe sa_mlp; do
     export_one "$root/recursive_${variant}_tiny/seed0" "recursive_${variant}_tiny.fashion_mnist"
 done
 export_one runs/digits_demo recursive_dsa_moe_tiny.digits
+for variant in dsa_moe sa_moe sa_mlp; do
+    best=$(.venv/bin/python - "runs/fashion_mnist_zoo/${variant}_small" <<'PY'
+import json, pathlib, sys
+runs = sorted(pathlib.Path(sys.argv[1]).glob('seed*/summary.json'))
+scores = {path.parent: json.loads(path.read_text())['best']['selection_top1'] for path in runs}
+print(max(scores, key=scores.get) if scores else '')
+PY
+)
+    if [ -n "$best" ]; then export_one "$best" "recursive_${variant}_small.fashion_mnist"; fi
+done
