@@ -98,3 +98,18 @@ def test_the_plot_draws_every_measured_model(tmp_path):
     (results / 'cost.json').write_text(json.dumps({'models': cost}))
     assert import_file(STUDY / 'plot.py').main([str(results)]) == 0
     assert (results / 'accuracy_vs_macs.png').stat().st_size > 1000
+
+
+def test_the_length_check_reads_each_lever_against_the_reference_of_its_own_length(tmp_path):
+    reference = tmp_path / 'reference'
+    for seed, last in enumerate((91.0, 91.5, 92.0)):
+        _record(reference / f'seed{seed}', [80.0, last], seed)
+    results = tmp_path / 'results'
+    assert zoo_tables.length_table(results, zoo_run.SEARCHED_AS, reference).startswith('not measured yet')
+    _record(results / 'search_enc64' / 'seed0', [85.0, 92.0])
+    _record(results / 'length_reference' / 'seed0', [80.0, 90.0, 92.5])
+    _record(results / 'length_enc64' / 'seed0', [80.0, 91.0, 93.5])
+    table = zoo_tables.length_table(results, zoo_run.SEARCHED_AS, reference)
+    assert 'held-out top-1, 3 epochs (%)' in table
+    assert '| `search_enc64`, `length_enc64` | 92.00 | +0.50 | 93.50 | +1.00 |' in table
+    assert 'length_reprob' not in table  # not run

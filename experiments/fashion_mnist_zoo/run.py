@@ -56,6 +56,15 @@ SEARCH = (
     Cell('search_enc64_d192', TINY, STEPS8 + ('encoder_chans=(64,128,256)', 'embed_dim=192', 'num_heads=6'), 'search',
          seeds=(0,)),
 )
+# do the 10-epoch search runs rank levers as runs of the zoo's length do? The reference, the lever kept and the one
+# that lost most, trained by the zoo's recipe (its epochs), each read against the reference at the same length
+LENGTH_CHECK = (
+    Cell('length_reference', TINY, STEPS8, 'zoo', seeds=(0,)),
+    Cell('length_enc64', TINY, STEPS8 + ('encoder_chans=(64,128,256)',), 'zoo', seeds=(0,)),
+    Cell('length_reprob', TINY, STEPS8, 'zoo', seeds=(0,), train_args=('--reprob', '0.25')),
+)
+SEARCHED_AS = {'length_enc64': 'search_enc64', 'length_reprob': 'search_reprob'}  # the same lever, 10 epochs
+
 # timm's own models on 28 px single-channel images, built by the training command's --in-chans and --img-size
 ON_28_PX = ('--in-chans', '1', '--img-size', '28')
 ZOO = (
@@ -68,7 +77,7 @@ ZOO = (
     Cell('vit_tiny_patch4', 'vit_tiny_patch16_224', ('patch_size=4',), 'zoo', seeds=(0,), train_args=ON_28_PX),
 )
 ZOO_CELLS = {cell.name: cell for cell in ZOO}
-CELLS = {cell.name: cell for cell in SEARCH + ZOO}
+CELLS = {cell.name: cell for cell in SEARCH + LENGTH_CHECK + ZOO}
 
 
 def train_command(cell: Cell, seed: int, output: pathlib.Path) -> List[str]:

@@ -56,6 +56,24 @@ def search_table(results: pathlib.Path, cells: Dict[str, object], reference: pat
                            'wall time (min)'], rows)
 
 
+def length_table(results: pathlib.Path, searched_as: Dict[str, str], reference: pathlib.Path = REFERENCE) -> str:
+    """Each lever's held-out top-1 minus the reference's at the search's length (10 epochs; the reference's mean
+    over its seeds) and at the zoo's (``length_reference``), where both lengths have finished."""
+    long_reference = results / 'length_reference' / 'seed0'
+    if not (long_reference / 'summary.json').exists():
+        return 'not measured yet: `length_reference` has not finished'
+    short = statistics.fmean(last_held_out(p) for p in sorted(reference.glob('seed*')))
+    long = last_held_out(long_reference)
+    epochs = len(_metrics(long_reference))
+    rows = [['reference', f'{short:.2f}', '', f'{long:.2f}', '']]
+    for cell, searched in searched_as.items():
+        if (results / cell / 'seed0' / 'summary.json').exists() and (results / searched / 'seed0').exists():
+            a, b = last_held_out(results / searched / 'seed0'), last_held_out(results / cell / 'seed0')
+            rows.append([f'`{searched}`, `{cell}`', f'{a:.2f}', f'{a - short:+.2f}', f'{b:.2f}', f'{b - long:+.2f}'])
+    return markdown_table(['lever', 'held-out top-1, 10 epochs (%)', 'minus the reference (points)',
+                           f'held-out top-1, {epochs} epochs (%)', 'minus the reference (points)'], rows)
+
+
 def provenance_table(results: pathlib.Path) -> str:
     rows = []
     for summary_path in sorted(results.glob('*/seed*/summary.json')):
@@ -157,5 +175,6 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     cost_path = results / 'cost.json'
     rows = zoo_rows(results, run.ZOO_CELLS, json.loads(cost_path.read_text()) if cost_path.exists() else None)
     return {'search': search_table(results, run.CELLS), 'provenance': provenance_table(results),
+            'length': length_table(results, run.SEARCHED_AS),
             'zoo': zoo_table(rows) if rows else 'not measured yet: no zoo run has finished (`run.py --only ZOO_CELL`)',
             'efficiency_claim': efficiency_claim(rows)}
