@@ -238,7 +238,8 @@ def merging_tables(results: pathlib.Path) -> Dict[str, str]:
     if not path.exists():
         missing = f'not measured yet: `{MERGING_COMMAND}` measures it'
         return dict.fromkeys(('merging_cost', 'merging_accuracy', 'merging_headline', 'merging_budgets',
-                              'merging_recipe', 'merging_proportional_gain', 'merging_finetuned_gaps'), missing)
+                              'merging_recipe', 'merging_proportional_gain', 'merging_finetuned_gaps',
+                              'merging_finetuned_gaps_speed'), missing)
     m = json.loads(path.read_text())
     cells, cost, finetuned = m.get('cells', {}), m.get('cost', {}), m.get('finetuned', {})
     budgets, images = m['budgets'], m['dense']['test_images']
@@ -294,12 +295,16 @@ def merging_tables(results: pathlib.Path) -> Dict[str, str]:
                     f'{pct(cells["equal_macs both"]["top1"])}%; ToMe minus `both`: {versus("tome", "both")}')
     recipe = m.get('finetune_recipe')
     proportional_gain = versus('both_proportional', 'both') or 'not measured yet'
-    # fine-tuned, at equal MACs: ToMe minus each other method (over the seeds both have)
-    gaps = [f'{METHOD_NAMES[c["method"]]} {_seed_difference(finetuned.get("equal_macs tome"), finetuned.get(name))}'
-            for name, c in cells.items() if c['budget'] == 'equal_macs' and c['method'] != 'tome'
-            and finetuned.get(name) and finetuned.get('equal_macs tome')]
+    def finetuned_gaps(budget: str) -> str:
+        """Fine-tuned, at ``budget``: ToMe minus each other method (over the seeds both have)."""
+        tome = finetuned.get(f'{budget} tome')
+        gaps = [f'{METHOD_NAMES[c["method"]]} {_seed_difference(tome, finetuned.get(name))}'
+                for name, c in cells.items() if c['budget'] == budget and c['method'] != 'tome'
+                and finetuned.get(name) and tome]
+        return '; '.join(gaps) + ' points' if gaps else 'not measured yet'
     return {
-        'merging_finetuned_gaps': '; '.join(gaps) + ' points' if gaps else 'not measured yet',
+        'merging_finetuned_gaps': finetuned_gaps('equal_macs'),
+        'merging_finetuned_gaps_speed': finetuned_gaps('equal_speed'),
         'merging_proportional_gain': proportional_gain,
         'merging_budgets': budget_text,
         'merging_cost': markdown_table(
