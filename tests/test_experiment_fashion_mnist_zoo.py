@@ -113,3 +113,17 @@ def test_the_length_check_reads_each_lever_against_the_reference_of_its_own_leng
     assert 'held-out top-1, 3 epochs (%)' in table
     assert '| `search_enc64`, `length_enc64` | 92.00 | +0.50 | 93.50 | +1.00 |' in table
     assert 'length_reprob' not in table  # not run
+
+
+def test_cost_builds_each_model_as_its_command_does_and_measures_it():
+    cost = import_file(STUDY / 'cost.py')
+    cells = [zoo_run.ZOO_CELLS['dsa_moe_small'], zoo_run.ZOO_CELLS['mobilenetv3_large_100']]
+    rows = cost.measure(cells, repeats=1, inference_batches=(1, 4), train_batch=4)
+    recursive, mobilenet = rows['dsa_moe_small'], rows['mobilenetv3_large_100']
+    assert recursive['input_size'] == mobilenet['input_size'] == [1, 28, 28]
+    assert recursive['active_params'] < recursive['params'] and mobilenet['active_params'] == mobilenet['params']
+    # the analytic count of a whole forward is the counted one, and the steps' counts grow to it
+    assert recursive['macs_per_step'][-1] == recursive['macs'] and len(recursive['macs_per_step']) == 8
+    assert recursive['macs_per_step'] == sorted(recursive['macs_per_step'])
+    for row in rows.values():
+        assert all(row[f'{key}_images_per_s'] > 0 for key in ('inference_b1', 'inference_b4', 'train_b4'))

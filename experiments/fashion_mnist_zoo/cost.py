@@ -97,7 +97,7 @@ def inference(model: nn.Module, images: torch.Tensor):
     return run
 
 
-def measure(cells: List, repeats: int) -> Dict[str, dict]:
+def measure(cells: List, repeats: int, inference_batches=(1, 128), train_batch: int = 128) -> Dict[str, dict]:
     torch.manual_seed(0)
     models = {cell.name: zoo_model(cell) for cell in cells}
     rows: Dict[str, dict] = {}
@@ -115,14 +115,14 @@ def measure(cells: List, repeats: int) -> Dict[str, dict]:
             row['active_params'] = row['params']
         rows[name] = row
     timings = {}
-    for batch in (1, 128):
+    for batch in inference_batches:
         cases = {}
         for name, model in models.items():
             cases[name] = inference(model, torch.randn(batch, *models[name].pretrained_cfg['input_size']))
         timings[f'inference_b{batch}'] = (time_interleaved(cases, repeats, warmup=1), batch)
-    cases = {name: training_step(model, torch.randn(128, *model.pretrained_cfg['input_size']),
-                                 torch.randint(0, NUM_CLASSES, (128,))) for name, model in models.items()}
-    timings['train_b128'] = (time_interleaved(cases, repeats, warmup=1), 128)
+    cases = {name: training_step(model, torch.randn(train_batch, *model.pretrained_cfg['input_size']),
+                                 torch.randint(0, NUM_CLASSES, (train_batch,))) for name, model in models.items()}
+    timings[f'train_b{train_batch}'] = (time_interleaved(cases, repeats, warmup=1), train_batch)
     for key, (seconds, batch) in timings.items():
         for name, times in seconds.items():
             rows[name][f'{key}_images_per_s'] = batch / statistics.median(times)
