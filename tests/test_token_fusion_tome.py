@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import Block, VisionTransformer
 
 import timm_recursive  # noqa: F401
+from timm_recursive.analysis.token_fusion_cost import count_gmacs
 from timm_recursive.layers import (
     ClsRowAttention,
     SizedBlocks,
@@ -526,6 +527,9 @@ def test_every_timm_vit_family_merges(row):
     assert seen == [P + 16, P + 13, P + 10] == block_token_counts(model, entering=True)
     assert all(torch.equal(r['kept_index'][:, :P], torch.arange(P).expand(2, P)) for r in records.values())
     assert out.shape == (2, 5) and torch.isfinite(out).all() and not torch.allclose(out, reference(x), atol=1e-4)
+    # the cost benchmark counts every family (SigLIP's pool takes a parameter as its input) and leaves it trainable
+    assert 0 < count_gmacs(model, x[:1])['gmacs'] < count_gmacs(reference, x[:1])['gmacs']
+    assert all(p.requires_grad for p in model.parameters())
 
 
 @pytest.mark.parametrize('row', list(FAMILIES_REFUSED))

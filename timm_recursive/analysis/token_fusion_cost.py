@@ -34,15 +34,22 @@ def count_gmacs(model: nn.Module, image: torch.Tensor) -> Dict[str, float]:
     merging (``tome``) GMACs the counter misses; ``gmacs`` is their sum."""
     attns = [m for m in model.modules() if isinstance(m, Attention)]
     fused = [a.fused_attn for a in attns]
+    # the counter's module tracker hooks the gradient of every input that requires one, and a parameter passed to a
+    # module as its input (the latent query of SigLIP's attention pool) has none to hook under inference mode
+    trainable = [p for p in model.parameters() if p.requires_grad]
     for a in attns:
         a.fused_attn = False
     try:
+        for p in trainable:
+            p.requires_grad_(False)
         with torch.inference_mode(), record_token_fusion(model) as reductions:
             with FlopCounterMode(display=False) as counter:
                 model(image)
     finally:
         for a, f in zip(attns, fused):
             a.fused_attn = f
+        for p in trainable:
+            p.requires_grad_(True)
     dim = model.embed_dim
     # a reduction that merges nothing (mode 'importance' with no fused tokens, 'dynamicvit') records no clusters
     clustering = sum(clustering_macs(r['fuse_index'].shape[1], dim, int(r['num_clusters']))
