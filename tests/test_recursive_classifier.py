@@ -35,6 +35,25 @@ def test_import_registers_every_model_and_pretrained_tag():
     assert timm_recursive.__version__
 
 
+# each dataset tag: (input size, classes, mean); timm's suite builds only .cifar100 and .fashion_mnist, which differ
+# from .cifar10 and .mnist in nothing else
+DATASET_TAGS = {'cifar10': ((3, 32, 32), 10, (0.4914, 0.4822, 0.4465)),
+                'cifar100': ((3, 32, 32), 100, (0.5071, 0.4865, 0.4409)),
+                'mnist': ((1, 28, 28), 10, (0.1307,)), 'fashion_mnist': ((1, 28, 28), 10, (0.2860,))}
+
+
+@pytest.mark.parametrize('arch', timm.list_models('recursive_*'))
+def test_every_dataset_tag_of_every_recursive_model_is_configured_for_its_dataset(arch):
+    with torch.device('meta'):
+        num_steps = timm.create_model(arch).num_steps
+    for tag, (input_size, num_classes, mean) in DATASET_TAGS.items():
+        cfg = timm.models.get_pretrained_cfg(f'{arch}.{tag}')
+        assert (cfg.input_size, cfg.num_classes, cfg.mean, cfg.hf_hub_id) == (
+            input_size, num_classes, mean, f'timm-recursive/{arch}.{tag}'), tag
+        if 'spatial' not in arch:  # the pooled models' features: the hypothesis, the image and a token a step
+            assert cfg.pool_size == (1, num_steps + 2), tag
+
+
 def test_reported_configuration():
     model = timm.create_model('recursive_dsa_moe_cifar', device='meta')
     assert (model.embed_dim, len(model.blocks), model.num_steps, model.topk) == (512, 4, 16, 6)
