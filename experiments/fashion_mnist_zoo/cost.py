@@ -29,13 +29,12 @@ from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
-from timm.layers import Attention
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the repository's tools/
 from timm_recursive.analysis.efficiency import active_params, block_macs_per_token, forward_macs  # noqa: E402
+from timm_recursive.analysis.macs import counting_macs  # noqa: E402
 from timm_recursive.analysis.timing import time_interleaved  # noqa: E402
 from timm_recursive.cli.train import parse_args as parse_train_args  # noqa: E402
 from timm_recursive.models import RecursiveClassifier  # noqa: E402
@@ -59,18 +58,10 @@ def zoo_model(cell) -> nn.Module:
 
 
 def counted_macs(model: nn.Module, images: torch.Tensor) -> int:
-    """Multiply-adds of ``model(images)`` per image, counted with timm's fused attention off."""
-    attns = [m for m in model.modules() if isinstance(m, Attention)]
-    fused = [a.fused_attn for a in attns]
-    for a in attns:
-        a.fused_attn = False
-    try:
-        with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-            model(images)
-    finally:
-        for a, f in zip(attns, fused):
-            a.fused_attn = f
-    return round(counter.get_total_flops() / 2 / len(images))  # the counter reports 2 FLOPs per multiply-add
+    """Multiply-adds of ``model(images)`` per image, counted (``timm_recursive.analysis.macs``)."""
+    with counting_macs(model) as counter:
+        model(images)
+    return round(counter.get_total_flops() / 2 / len(images))
 
 
 def training_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor):

@@ -20,10 +20,9 @@ equal keep rate or ``r`` (BAT and EViT report DeiT-S at about 3.0 GMACs):
 from typing import Callable, Dict, List
 
 import torch
-from timm.layers import Attention
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
+from timm_recursive.analysis.macs import counting_macs
 from timm_recursive.layers import clustering_macs, merging_macs, record_token_fusion
 
 __all__ = ['count_gmacs', 'keep_rate_for_budget', 'tome_r_for_budget', 'tome_schedule', 'tokens_per_block']
@@ -32,24 +31,8 @@ __all__ = ['count_gmacs', 'keep_rate_for_budget', 'tome_r_for_budget', 'tome_sch
 def count_gmacs(model: nn.Module, image: torch.Tensor) -> Dict[str, float]:
     """Counted GMACs of ``model(image)`` with fused attention off, and the analytic clustering (token fusion) and
     merging (``tome``) GMACs the counter misses; ``gmacs`` is their sum."""
-    attns = [m for m in model.modules() if isinstance(m, Attention)]
-    fused = [a.fused_attn for a in attns]
-    # the counter's module tracker hooks the gradient of every input that requires one, and a parameter passed to a
-    # module as its input (the latent query of SigLIP's attention pool) has none to hook under inference mode
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    for a in attns:
-        a.fused_attn = False
-    try:
-        for p in trainable:
-            p.requires_grad_(False)
-        with torch.inference_mode(), record_token_fusion(model) as reductions:
-            with FlopCounterMode(display=False) as counter:
-                model(image)
-    finally:
-        for a, f in zip(attns, fused):
-            a.fused_attn = f
-        for p in trainable:
-            p.requires_grad_(True)
+    with record_token_fusion(model) as reductions, counting_macs(model) as counter:
+        model(image)
     dim = model.embed_dim
     # a reduction that merges nothing (mode 'importance' with no fused tokens, 'dynamicvit') records no clusters
     clustering = sum(clustering_macs(r['fuse_index'].shape[1], dim, int(r['num_clusters']))
