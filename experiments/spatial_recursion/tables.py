@@ -69,19 +69,16 @@ def design(summary: dict) -> str:
 def _macs_per_step(model_name: str, kwargs_json: str, num_classes: int, in_chans: int) -> List[int]:
     import timm
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     import timm_recursive  # noqa: F401  registers the models
     from timm_recursive.analysis.efficiency import forward_macs
+    from timm_recursive.analysis.macs import counting_macs
     from timm_recursive.models import RecursiveClassifier
     model = timm.create_model(model_name, num_classes=num_classes, in_chans=in_chans, **json.loads(kwargs_json))
     model.eval()
     if isinstance(model, RecursiveClassifier):
         return [forward_macs(model, INPUT_SIZE, t) for t in range(1, model.num_steps + 1)]
-    for module in model.modules():  # the counter does not see inside fused attention kernels
-        if hasattr(module, 'fused_attn'):
-            module.fused_attn = False
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
+    with counting_macs(model) as counter:
         model(torch.zeros(1, in_chans, *INPUT_SIZE))
     return [counter.get_total_flops() // 2]  # one step: multiply-adds are half the counted flops
 

@@ -1,7 +1,8 @@
 """Counted multiply-adds of any model's forward.
 
-``torch.utils.flop_counter.FlopCounterMode`` around the forward, with timm's fused attention kernel off (the counter
-does not see inside it) and no parameter requiring a gradient (the counter's module tracker hooks the gradient of
+``torch.utils.flop_counter.FlopCounterMode`` around the forward, with every fused attention kernel off (timm's switch,
+``fused_attn``, on its attention layers and attention pools alike: the counter does not see inside the kernel) and no
+parameter requiring a gradient (the counter's module tracker hooks the gradient of
 every module input that requires one, and cannot for a parameter a module takes as its input under inference mode:
 the latent query of SigLIP's attention pool).
 """
@@ -9,7 +10,6 @@ import contextlib
 from typing import Iterator
 
 import torch
-from timm.layers import Attention
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -20,7 +20,7 @@ __all__ = ['counting_macs']
 def counting_macs(model: nn.Module) -> Iterator[FlopCounterMode]:
     """``with counting_macs(model) as counter: model(x)``; then ``counter.get_total_flops() / 2`` is the forward's
     multiply-adds (the counter reports two FLOPs for each). The model is left as it was."""
-    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    attns = [m for m in model.modules() if hasattr(m, 'fused_attn')]
     fused = [a.fused_attn for a in attns]
     trainable = [p for p in model.parameters() if p.requires_grad]
     try:
