@@ -127,3 +127,16 @@ def test_cost_builds_each_model_as_its_command_does_and_measures_it():
     assert recursive['macs_per_step'] == sorted(recursive['macs_per_step'])
     for row in rows.values():
         assert all(row[f'{key}_images_per_s'] > 0 for key in ('inference_b1', 'inference_b4', 'train_b4'))
+
+
+def test_the_recipe_file_is_the_searched_recipe_at_the_zoos_length():
+    """train_scripts/recipes/fashion_mnist.yaml and the search's FASHION_MNIST_RECIPE are one recipe written twice
+    (a file for users, arguments for the study's committed commands): they must not drift apart; the search adds
+    its own --epochs, the file sets the zoo's."""
+    from timm_recursive.cli.train import parse_args
+    from tools.study_runs import FASHION_MNIST_RECIPE
+    by_file = vars(parse_args(['-c', 'train_scripts/recipes/fashion_mnist.yaml', '--model', 'resnet18']))
+    by_arguments = vars(parse_args([*FASHION_MNIST_RECIPE, '--model', 'resnet18']))
+    differing = {key for key in by_file if by_file[key] != by_arguments[key]}
+    assert differing == {'config'}, differing  # the file's path, and nothing it sets
+    assert by_file['epochs'] == 20

@@ -45,14 +45,14 @@ from tools.benchmarking import recursive_train_step  # noqa: E402
 from tools.generated_markdown import import_file  # noqa: E402
 
 STUDY = pathlib.Path(__file__).resolve().parent
+ZOO_RUN = import_file(STUDY / 'run.py')  # the cells and their training commands
 NUM_CLASSES = 10
 AUX_WEIGHT = 0.01  # the training command's default MoE auxiliary weight
 
 
 def zoo_model(cell) -> nn.Module:
     """The model of ``cell``'s training command, random weights, in evaluation mode."""
-    run = import_file(STUDY / 'run.py')
-    command = run.train_command(cell, 0, ROOT / 'runs' / 'cost')[2:]  # without the executable and 'train'
+    command = ZOO_RUN.train_command(cell, 0, ROOT / 'runs' / 'cost')[2:]  # without the executable and 'train'
     model, _ = create_model(parse_train_args(command), NUM_CLASSES)  # and its input channels
     return model.eval()
 
@@ -92,9 +92,10 @@ def measure(cells: List, repeats: int, inference_batches=(1, 128), train_batch: 
     torch.manual_seed(0)
     models = {cell.name: zoo_model(cell) for cell in cells}
     rows: Dict[str, dict] = {}
-    for name, model in models.items():
+    for cell in cells:
+        model = models[cell.name]
         size = model.pretrained_cfg['input_size']
-        row = {'model': cells[[c.name for c in cells].index(name)].model, 'input_size': list(size),
+        row = {'model': cell.model, 'input_size': list(size),
                'params': sum(p.numel() for p in model.parameters()),
                'macs': counted_macs(model, torch.randn(2, *size))}
         if isinstance(model, RecursiveClassifier):
@@ -104,12 +105,11 @@ def measure(cells: List, repeats: int, inference_batches=(1, 128), train_batch: 
                                       for steps in range(1, model.num_steps + 1)])
         else:
             row['active_params'] = row['params']
-        rows[name] = row
+        rows[cell.name] = row
     timings = {}
     for batch in inference_batches:
-        cases = {}
-        for name, model in models.items():
-            cases[name] = inference(model, torch.randn(batch, *models[name].pretrained_cfg['input_size']))
+        cases = {name: inference(model, torch.randn(batch, *model.pretrained_cfg['input_size']))
+                 for name, model in models.items()}
         timings[f'inference_b{batch}'] = (time_interleaved(cases, repeats, warmup=1), batch)
     cases = {name: training_step(model, torch.randn(train_batch, *model.pretrained_cfg['input_size']),
                                  torch.randint(0, NUM_CLASSES, (train_batch,))) for name, model in models.items()}
@@ -121,17 +121,16 @@ def measure(cells: List, repeats: int, inference_batches=(1, 128), train_batch: 
 
 
 def main(argv=None) -> int:
-    run = import_file(STUDY / 'run.py')
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument('--out', type=pathlib.Path, default=STUDY / 'results' / 'cost.json')
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--threads', type=int, default=1)
-    parser.add_argument('--only', nargs='+', choices=sorted(run.ZOO_CELLS), metavar='CELL')
+    parser.add_argument('--only', nargs='+', choices=sorted(ZOO_RUN.ZOO_CELLS), metavar='CELL')
     parser.add_argument('--allow-dirty', action='store_true', help='measure uncommitted code (recorded as dirty)')
     args = parser.parse_args(argv)
     checkout = require_clean_checkout(args.allow_dirty)
     torch.set_num_threads(args.threads)
-    cells = [run.ZOO_CELLS[name] for name in (args.only or run.ZOO_CELLS)]
+    cells = [ZOO_RUN.ZOO_CELLS[name] for name in (args.only or ZOO_RUN.ZOO_CELLS)]
     rows = measure(cells, args.repeats)
     record = provenance(typed_command('experiments/fashion_mnist_zoo/cost.py', argv), checkout=checkout)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -139,7 +139,8 @@ def zoo_table(rows: List[dict]) -> str:
         recursive = 'gain' in row
         exit_cell = ''
         if recursive:
-            exit_macs = (cost.get('macs_per_step') or [None] * row['num_steps'])[row['exit_steps'] - 1]
+            macs_per_step = cost.get('macs_per_step')
+            exit_macs = macs_per_step[row['exit_steps'] - 1] if macs_per_step else None
             exit_cell = (f'{row["exit_steps"]} of {row["num_steps"]} steps: {statistics.fmean(row["exit_top1"]):.2f}'
                          + (f', {exit_macs / 1e6:.1f}M MACs' if exit_macs else ''))
         speed = [f'{cost[key]:.0f}' if key in cost else '' for key in
