@@ -40,7 +40,7 @@ def test_the_search_table_reads_the_last_held_out_epoch_against_the_references_s
     assert '| reference | ' in table and '| 3 | 91.50 (seeds 91.00 to 92.00) |' in table
     assert '| `search_enc64` | `encoder_chans=(64,128,256)` | 1 | 93.00 | +1.50 | 10 |' in table
     assert '| `search_reprob` | `--reprob 0.25` | 1 | 90.50 | -1.00 | 10 |' in table
-    assert 'search_steps16' not in table  # not run yet
+    assert 'search_crop_pad2' not in table  # not run yet
     provenance = zoo_tables.provenance_table(tmp_path / 'results')
     assert '--output runs/fashion_mnist_zoo/x/seed0 --resume' in provenance and '/somewhere' not in provenance
 

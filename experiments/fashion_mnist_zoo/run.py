@@ -44,15 +44,9 @@ SEARCH = (
     Cell('search_reprob', TINY, STEPS8, 'search', seeds=(0,), train_args=('--reprob', '0.25')),
     # a shift of up to 2 px (zero padding, random crop) instead of the random resized crop
     Cell('search_crop_pad2', TINY, STEPS8, 'search', seeds=(0,), train_args=('--crop-padding', '2')),
-    # the source's operating point: 16 steps (k=6)
-    Cell('search_steps16', TINY, ('num_steps=16',), 'search', seeds=(0,)),
     # an exponential moving average of the weights, evaluated and exported instead of them
     Cell('search_ema', TINY, STEPS8, 'search', seeds=(0,), train_args=('--model-ema', '--model-ema-decay', '0.999')),
-    # no colour jitter (timm's default 0.4 varies brightness and contrast)
-    Cell('search_no_jitter', TINY, STEPS8, 'search', seeds=(0,), train_args=('--color-jitter', '0')),
-    # the transformer's width: 192 (6 heads of 32)
-    Cell('search_d192', TINY, STEPS8 + ('embed_dim=192', 'num_heads=6'), 'search', seeds=(0,)),
-    # the width on the wider encoder: the size the zoo trains (recursive_*_small) against search_enc64's
+    # the transformer's width on the wider encoder: 192 (6 heads of 32) against search_enc64's 128
     Cell('search_enc64_d192', TINY, STEPS8 + ('encoder_chans=(64,128,256)', 'embed_dim=192', 'num_heads=6'), 'search',
          seeds=(0,)),
 )
