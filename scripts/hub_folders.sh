@@ -5,7 +5,7 @@
 # (experiments/fashion_mnist_baselines/train.sh ROOT: ROOT/recursive_<variant>_tiny/seed0, default
 # runs/fashion_mnist), the digits demo's run (experiments/digits_demo/run.sh runs/digits_demo) and, of the FashionMNIST
 # zoo's small recursive models (experiments/fashion_mnist_zoo/run.py, runs/fashion_mnist_zoo), each variant's seed
-# with the highest held-out top-1.
+# with the highest held-out top-1, once experiments/fashion_mnist_zoo/checkpoints.py has checked its weights.
 # Every card publishes the epoch chosen on held-out training images (--weights best).
 # Repo ids are HUB_ORG/<arch>.<tag> (HUB_ORG from timm_recursive.runs, the one place it is defined).
 # Usage: scripts/hub_folders.sh [ROOT]
@@ -23,13 +23,9 @@ for variant in dsa_moe sa_mlp; do
     export_one "$root/recursive_${variant}_tiny/seed0" "recursive_${variant}_tiny.fashion_mnist"
 done
 export_one runs/digits_demo recursive_dsa_moe_tiny.digits
-for variant in dsa_moe sa_moe sa_mlp; do
-    best=$(.venv/bin/python - "runs/fashion_mnist_zoo/${variant}_small" <<'PY'
-import json, pathlib, sys
-runs = sorted(pathlib.Path(sys.argv[1]).glob('seed*/summary.json'))
-scores = {path.parent: json.loads(path.read_text())['best']['selection_top1'] for path in runs}
-print(max(scores, key=scores.get) if scores else '')
-PY
-)
-    if [ -n "$best" ]; then export_one "$best" "recursive_${variant}_small.fashion_mnist"; fi
+# the zoo's runs that experiments/fashion_mnist_zoo/checkpoints.py checked and published (results/checkpoints/)
+for check in experiments/fashion_mnist_zoo/results/checkpoints/*/check.json; do
+    [ -f "$check" ] || continue
+    run=$(.venv/bin/python -c 'import json, sys; r = json.load(open(sys.argv[1])); print("%s/seed%d" % (r["cell"], r["seed"]))' "$check")
+    export_one "runs/fashion_mnist_zoo/$run" "$(basename "$(dirname "$check")")"
 done

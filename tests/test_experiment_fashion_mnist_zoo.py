@@ -2,6 +2,8 @@
 import json
 import pathlib
 
+import pytest
+
 from tools.generated_markdown import import_file
 from tools.study_runs import ROOT
 
@@ -140,3 +142,76 @@ def test_the_recipe_file_is_the_searched_recipe_at_the_zoos_length():
     differing = {key for key in by_file if by_file[key] != by_arguments[key]}
     assert differing == {'config'}, differing  # the file's path, and nothing it sets
     assert by_file['epochs'] == 20
+
+
+zoo_checkpoints = import_file(STUDY / 'checkpoints.py')
+
+
+def slice_splits():
+    from timm_recursive.data import resolve_dataset
+    return resolve_dataset(str(zoo_checkpoints.TEST_SLICE), train_split='test', eval_split='test')
+
+
+def _exported_run(run_dir, model, hits, held_out, seed=0):
+    """A finished zoo run: its exported weights and the summary that records ``hits``' top-1 as its test figure."""
+    from safetensors.torch import save_file
+    (run_dir / 'model').mkdir(parents=True)
+    save_file(model.state_dict(), str(run_dir / 'model' / 'model.safetensors'))
+    per_step = zoo_checkpoints.top1_per_step(hits)
+    (run_dir / 'summary.json').write_text(json.dumps({
+        'seed': seed, 'commit': 'a' * 40, 'best': {'selection_top1': held_out},
+        'test': {'exported': {'epoch': 3, 'top1': per_step[-1], 'top1_per_step': per_step}}}))
+
+
+def test_checkpoints_publish_the_best_held_out_seed_only_when_its_weights_give_the_recorded_figures(
+        tmp_path, monkeypatch):
+    import timm
+    import torch
+    monkeypatch.setattr(zoo_checkpoints, 'CHECKPOINTS', tmp_path / 'checkpoints')
+    name = 'recursive_dsa_moe_small.fashion_mnist'
+    splits = slice_splits()
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_steps=2).eval()
+    hits = zoo_checkpoints.step_hits(model, splits)
+    cell = tmp_path / 'runs' / 'dsa_moe_small'
+    _exported_run(cell / 'seed0', model, hits, held_out=80.0)
+    _exported_run(cell / 'seed1', model, hits, held_out=81.0, seed=1)
+    assert zoo_checkpoints.best_seed(cell) == cell / 'seed1'
+    with monkeypatch.context() as patch:  # the registered size has 8 steps: build the 2-step one the run trained
+        patch.setattr(zoo_checkpoints, 'load_published', lambda _, weights: timm.create_model(
+            name, num_steps=2, pretrained=True, pretrained_cfg_overlay=dict(file=str(weights))).eval())
+        folder = zoo_checkpoints.publish(cell / 'seed1', name, splits)
+        record = json.loads((folder / 'check.json').read_text())
+        assert (record['cell'], record['seed'], record['test_images']) == ('dsa_moe_small', 1, 500)
+        assert record['test_top1_per_step'] == zoo_checkpoints.top1_per_step(hits)
+        assert len(record['slice_hits']) == 500 and (folder / 'model.safetensors').stat().st_size > 1e6
+        # weights that do not give what their run recorded are refused, and nothing of them is written
+        summary = json.loads((cell / 'seed0' / 'summary.json').read_text())
+        summary['test']['exported']['top1_per_step'][0] += 1.0
+        (cell / 'seed0' / 'summary.json').write_text(json.dumps(summary))
+        with pytest.raises(zoo_checkpoints.CheckpointMismatch, match='gives test top-1'):
+            zoo_checkpoints.publish(cell / 'seed0', 'recursive_sa_mlp_small.fashion_mnist', splits)
+        assert not (zoo_checkpoints.CHECKPOINTS / 'recursive_sa_mlp_small.fashion_mnist').exists()
+
+
+def published_checks():
+    return sorted(zoo_checkpoints.CHECKPOINTS.glob('*/check.json'))
+
+
+def test_the_test_slice_is_the_first_test_images_with_every_class():
+    splits = slice_splits()
+    assert len(splits.eval) == zoo_checkpoints.SLICE_IMAGES and set(splits.eval['label']) == set(range(10))
+
+
+@pytest.mark.parametrize('check', published_checks(), ids=lambda path: path.parent.name)
+def test_a_published_checkpoint_loaded_by_its_file_gives_its_runs_test_figures(check):
+    import torch
+    record = json.loads(check.read_text())
+    # the figure it reproduced on all test images is the one the zoo table reads for its run
+    summary = json.loads((STUDY / 'results' / record['cell'] / f'seed{record["seed"]}' / 'summary.json').read_text())
+    assert record['test_top1_per_step'] == summary['test']['exported']['top1_per_step']
+    model = zoo_checkpoints.load_published(record['model'], check.parent / 'model.safetensors')
+    hits = zoo_checkpoints.step_hits(model, slice_splits())
+    expected = torch.tensor([[hit == '1' for hit in image] for image in record['slice_hits']])
+    assert (hits != expected).any(1).sum() <= 1  # a near tie may fall the other way on another CPU
+    assert zoo_checkpoints.top1_per_step(hits)[-1] == pytest.approx(record['slice_top1_per_step'][-1], abs=0.2)
