@@ -51,3 +51,25 @@ def test_full_data_recipe_pieces_come_from_their_own_folder(tmp_path):
     assert 'of 10000 images run past step 1' in pieces['full_data_confidence_hard_images']
     assert pieces['full_data_change'].startswith('not measured yet')
     assert pieces['headline'] == headline  # the headline is the 6,000-image recipe's
+
+
+def test_the_short_piece_states_the_headlines_confidence_exit_in_plain_words(tmp_path):
+    pieces = tables.tables(STUDY / 'results')
+    short, headline = pieces['short'], pieces['headline']
+    assert len(short) <= 150 and '`' not in short and '_' not in short
+    exit_top1, rest = headline.split('% with ', 1)
+    full_top1 = rest.split(' vs ', 1)[1].split('%')[0]
+    change = headline.split(' fixed steps (', 1)[1].split(' points')[0]  # e.g. +0.00 (+0.00 to +0.00)
+    macs, speed = headline.split('): ', 1)[1].split('x the multiply-adds, ')
+    assert short.startswith(f'confidence exit {exit_top1}% top-1 vs {full_top1}% at ')
+    assert f'{change} points, {macs}x multiply-adds, {speed.split("x")[0]}x images/s' in short
+    assert short.endswith('(tiny DSA-MoE)') == ('held-out' in headline)
+    # a threshold chosen on the evaluation images says so; no matching threshold reads as the headline does
+    confidence = json.loads((STUDY / 'results' / 'confidence.json').read_text())
+    confidence['matching']['chosen_on'] = 'the evaluation images themselves'
+    assert tables.short(confidence).endswith('images/s (threshold chosen on test)')
+    confidence['matching'] = None
+    (tmp_path / 'confidence.json').write_text(json.dumps(confidence))
+    pieces = tables.tables(tmp_path)
+    assert pieces['short'] == pieces['headline'] == (
+        f"no confidence exit reaches the {confidence['fixed'][-1]['top1']:.2f}% of 16 fixed steps")

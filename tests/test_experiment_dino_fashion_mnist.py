@@ -73,6 +73,8 @@ def test_collect_then_tables(tmp_path):
     assert '| entmax | 0.250 | 0.500 |' in pieces['sparsity']
     assert '| entmax | 57.00 / 82.00 / 14.50 | 57.00 / 82.00 / 14.50 |' in pieces['dense']
     assert pieces['linear_gap'] == '+15.0 (+13.6 to +16.4)'
+    assert pieces['short'] == ('linear probe: entmax 59.00% vs softmax + 4 registers 44.00%, +15.0 (+13.6 to +16.4) '
+                               'points (DINO on FashionMNIST, one seed)')
     assert pieces['headline'].startswith('linear probe top-1 entmax 59.00%, reg4 44.00%; entmax - reg4 +15.0 (+13.6 to '
                                          '+16.4) points, 95% interval over the test images (one seed; ViTs of width '
                                          '192')
@@ -108,3 +110,14 @@ def test_collect_refuses_a_root_that_is_not_a_folder(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr == f"error: {root} is not a folder (the runs' root, run.sh's output)\n"
+
+
+def test_short_result_is_a_plain_cell_with_the_headlines_numbers():
+    study_tables = import_file(STUDY / 'tables.py')
+    pieces = study_tables.tables(STUDY / 'results')
+    short, headline = pieces['short'], pieces['headline']
+    # the two best, as the headline ranks them: variant name, then top-1
+    (a, top1_a), (b, top1_b) = (v.rsplit(' ', 1) for v in headline.split('linear probe top-1 ', 1)[1].split(', ')[:2])
+    words = study_tables.VARIANT_WORDS
+    assert len(short) <= 150 and '`' not in short
+    assert f'{words[a]} {top1_a} vs {words[b]} {top1_b}' in short and f'{pieces["linear_gap"]} points' in short

@@ -75,3 +75,24 @@ def test_every_piece_is_generated_from_the_kept_results():
     assert '| DSA-MoE | 10 | exported model (epoch chosen on the test split) | 10000 | 91.06 |' in pieces['per_step']
     assert ('| DSA-MoE | 10 | analytic, k = 6 | 0.0 | 0.0 | 0.0 | 0.0 | 14.3 | 25.0 | 33.3 | 40.0 |'
             in pieces['sparsity'])
+
+
+def test_the_short_piece_sets_the_headlines_top1_beside_sa_mlp_in_plain_words(tmp_path):
+    pieces = tables.tables(STUDY / 'results')
+    short = pieces['short']
+    assert len(short) <= 150 and '`' not in short and '_' not in short
+    assert short.startswith(f'DSA-MoE {pieces["headline"].split("%")[0]}% (')  # the headline's last-step top-1
+    for row in pieces['held_out'].splitlines()[2:]:  # each variant's last-step top-1 and its interval
+        label, last_step = row.split(' | ')[0].lstrip('| '), row.split(' | ')[6]
+        assert f'{label} {last_step.replace(" ", "% ", 1)}' in short
+    # synthetic runs: DSA-MoE's interval clears SA-MLP's; without SA-MLP, DSA-MoE alone; without DSA-MoE, nothing
+    for seed, last in enumerate((91.0, 91.4, 91.3)):
+        _held_out_run(tmp_path, 'recursive_dsa_moe_tiny', seed, [90.0] + [last] * 7, last)
+        _held_out_run(tmp_path, 'recursive_sa_mlp_tiny', seed, [90.0] * 8, 90.0)
+    assert tables.tables(tmp_path)['short'] == (
+        'DSA-MoE 91.23% (90.72 to 91.75) vs SA-MLP 90.00% (90.00 to 90.00) top-1, DSA-MoE above SA-MLP; '
+        'FashionMNIST, tiny size, 10 epochs, 3 seeds')
+    runs = tables.held_out_runs(tmp_path)
+    assert tables.short({'DSA-MoE': runs['DSA-MoE'][:1]}) == (
+        'DSA-MoE 91.00% (one run: no interval) top-1; FashionMNIST, tiny size, 10 epochs, one seed')
+    assert tables.short({}) == 'not measured yet'

@@ -86,6 +86,14 @@ def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_o
     assert ('| `dsa_moe_small` | 2 | 93.00 (86.65 to 99.35) | +2.50 (+2.50 to +2.50) | '
             '2 of 3 steps: 92.00, 30.0M MACs | 1.20 | 0.90 | 54.3 | 22 | 259 | 120 | 2.0 |') in table
     assert '| `resnet18` | 1 | 94.00 (one seed) |  |  |  |  |  |  |  |  | 2.0 |' in table  # cost not measured
+    # the README's pieces: short cells, names a reader knows, the flagship first
+    assert zoo_tables.short(rows) == ('DSA-MoE (small) 93.00% (86.65 to 99.35) top-1, 2 seeds; '
+                                      'ResNet-18 94.00% by the same recipe')
+    assert zoo_tables.headline(rows).startswith(
+        'test top-1 DSA-MoE (small) 93.00% (86.65 to 99.35) (2 seeds), SA-MLP (small) 92.50% (86.15 to 98.85) '
+        '(2 seeds), ResNet-18 94.00% (one seed)')
+    assert '| DSA-MoE (small) | 2 | 93.00 (86.65 to 99.35) | 1.20 | 54.3 | 259 | 120 |' in zoo_tables.reader_table(rows)
+    assert zoo_tables.short(rows[1:]).startswith('not measured yet') and zoo_tables.short([]).startswith('not measured')
     claim = zoo_tables.efficiency_claim(rows)
     assert claim.startswith('DSA-MoE minus SA-MLP test top-1 +0.50 (')
     assert claim.endswith('block multiply-adds per token 0.53x, training images/s 1.20x')

@@ -150,3 +150,19 @@ def test_beside_source_sets_the_sources_figures_beside_the_seed_means(tmp_path):
     assert '| DSA-MoE minus SA-MLP, top-1 (points) | +0.2 to +0.7 (per dataset) | +0.50 |' in table
     assert '| DSA-MoE top-1 on CIFAR-10 (%) | 92.3 | — | not runnable here' in table
     assert '--model recursive_dsa_moe_cifar.fashion_mnist --dataset fashion_mnist' in table
+
+
+def test_the_short_piece_states_the_headlines_change_in_plain_words(tmp_path):
+    pieces = tables.tables(STUDY / 'results')
+    short = pieces['short']
+    assert len(short) <= 150 and '`' not in short and '_' not in short
+    change = pieces['headline'].split(', change ')[1].split(' points')[0]  # e.g. -0.16 (-0.44 to +0.12)
+    assert f': {change} points' in short and 'one seed' in short
+    assert ('epoch chosen on the test split' in short) == ('epoch chosen on the test split' in pieces['headline'])
+    # a last-epoch record whose interval is above 0, then one whose interval spans 0
+    _write_summary(tmp_path, 'gain', 0, [75.0, 77.0], first_to_last=[3.0, 1.0])
+    assert tables.short(tables.load_run(tmp_path, 'gain')) == (
+        'step 2 minus step 1: +2.00 (+1.45 to +2.55) points, a gain (tiny DSA-MoE, FashionMNIST, one seed, last epoch)')
+    _write_summary(tmp_path, 'flat', 0, [75.0, 74.8], first_to_last=[1.0, 1.2])
+    assert tables.short(tables.load_run(tmp_path, 'flat')).startswith(
+        'step 2 minus step 1: -0.20 (-0.61 to +0.21) points, no change shown (')

@@ -66,6 +66,8 @@ def test_tables_choose_the_design_on_held_out_images_and_give_intervals_over_see
     macs = [float(v) for v in pieces['macs'].splitlines()[2].split('|')[2:6]]
     assert macs == sorted(macs) and len(set(macs)) == 4  # more steps, more multiply-adds
     assert '| `dsa_k6_steps4` | 2 | 4 | train holdout 10% |' in pieces['provenance']
+    assert pieces['short'] == ('image read step by step: step 1 to last +0.50 (+0.50 to +0.50) points, a gain below '
+                               'the 1-point target; top-1 80.50% (FashionMNIST, 3 seeds)')
 
 
 def test_full_data_cells_are_compared_with_the_pooled_full_runs_not_searched(tmp_path, monkeypatch):
@@ -168,3 +170,13 @@ def test_glimpse_table_reads_the_kept_reports(tmp_path):
     table = study_tables.glimpse_table(tmp_path)
     assert '| `dsa_k6_steps16_mask_seen` | top-1 (%) | 50.0 | 62.5 |' in table
     assert '| `dsa_k6_steps16_mask_seen` | read so far (%) | 20.0 | 30.0 |' in table
+
+
+def test_short_result_is_a_plain_cell_with_the_headlines_numbers():
+    pieces = study_tables.tables(STUDY / 'results')
+    short, headline = pieces['short'], pieces['headline']
+    assert len(short) <= 150 and '`' not in short and '_' not in short
+    change = headline.split('step 1 -> last step ', 1)[1].split(' points', 1)[0]  # the chosen design's, with interval
+    last = headline.split('its last step ', 1)[1].split(' ', 1)[0]
+    pooled = headline.split('the pooled DSA-MoE ', 1)[1].split(' ', 1)[0]
+    assert f'step 1 to last {change} points' in short and f'top-1 {last} vs pooled DSA-MoE {pooled}' in short

@@ -49,6 +49,19 @@ def test_tables_read_the_newest_run_of_each_benchmark(tmp_path):
     assert '\n' not in after['headline']
 
 
+def test_short_result_is_a_plain_cell_with_the_headlines_ratios():
+    study_tables = import_file(STUDY / 'tables.py')
+    pieces = study_tables.tables(STUDY / 'results')
+    short, headline = pieces['short'], pieces['headline']
+    assert len(short) <= 150 and '`' not in short and '_' not in short
+    train = headline.split('DSA-MoE trains at ', 1)[1].split(' ', 1)[0]
+    fusion = headline.split('GMACs, ', 1)[1].split(' ', 1)[0]
+    entmax_vit_s = headline.split('forward + backward ', 1)[1].split(' ', 1)[0]
+    assert train.endswith('x') and fusion.endswith('x') and entmax_vit_s.endswith('x')
+    assert f'DSA-MoE trains {train} as fast as SA-MLP' in short and f'DeiT-S {fusion} as fast' in short
+    assert f'entmax ViT-S takes {entmax_vit_s}' in short or f'take {entmax_vit_s} / ' in short
+
+
 def test_recursive_train_step_updates_the_model():
     torch.manual_seed(0)
     model = timm.create_model('recursive_dsa_moe_tiny', num_steps=2).train()

@@ -110,6 +110,9 @@ def test_equal_macs_one_budget_and_source_tables(tmp_path):
     assert '| equal MACs, `both` off the shelf: 8 minus 4 fused tokens | — |' in comparisons
     assert pieces['headline'].startswith('keep 0.5 off the shelf: both 74.00%, diversity 73.50%, importance 70.00%; '
                                          f'both minus diversity +0.50{NO} points')
+    # no ToMe comparison in these results: the short piece is the ablation's, in words
+    assert pieces['short'] == ('keep rate 0.5, without fine-tuning: importance + diversity 74.00% vs diversity only '
+                               '73.50%, importance + diversity +0.50 points, no interval')
 
 
 def test_accuracy_keeps_each_images_hit_and_leaves_the_model_in_eval_mode():
@@ -214,8 +217,20 @@ def test_merging_tables_put_tome_beside_each_method_with_intervals(tmp_path):
     assert pieces['merging_headline'].startswith('at equal MACs off the shelf, ToMe 75.00% vs `both` 50.00%; ToMe '
                                                  'minus `both`: off the shelf +25.00 (')
     assert pieces['merging_headline'].endswith('fine-tuned +2.00 (-0.48 to +4.48) (3 seeds)')
+    assert pieces['merging_short'] == ('equal multiply-adds, without fine-tuning: ToMe 75.00% vs token fusion 50.00%; '
+                                       'fine-tuned, no difference shown: ToMe +2.00 (-0.48 to +4.48) points')
     assert pieces['merging_finetuned_gaps'].startswith('`both` +2.00 (-0.48 to +4.48)')  # ToMe minus each, tuned
     assert '1.53x the dense model' in pieces['merging_budgets']
     assert pieces['merging_recipe'] == '5 epochs on 5,000 training images'
     assert pieces['merging_proportional_gain'] == 'not measured yet'  # no proportional cell in these results
     assert all('nan' not in text for text in pieces.values())
+
+
+def test_short_result_is_a_plain_cell_with_the_headlines_numbers():
+    pieces = study_tables.tables(STUDY / 'results')
+    short, headline = pieces['short'], pieces['headline']
+    assert len(short) <= 150 and '`' not in short and 'off the shelf' not in short and '[' not in short
+    merging = headline.split('at equal MACs off the shelf, ', 1)[1]  # the ToMe comparison's part of the headline
+    tome, fusion = merging.split('ToMe ', 1)[1].split('%', 1)[0], merging.split('`both` ', 1)[1].split('%', 1)[0]
+    finetuned = merging.split('fine-tuned ', 1)[1].rsplit(' (', 1)[0]  # its interval, not its seed count
+    assert f'ToMe {tome}% vs token fusion {fusion}%' in short and ' to ' in finetuned and finetuned in short

@@ -144,3 +144,43 @@ def test_the_repository_speaks_only_of_the_project():
                 if re.search(OUTSIDE_WORDS, line, re.IGNORECASE):
                     found.append(f'{name}:{number}: {line.strip()[:100]}')
     assert not found, found
+
+
+def readme_sentences(text: str):
+    """The README's prose sentences as a reader sees them: fenced code, tables, headings and generated markers left
+    out, links read as their text, a paragraph's or list item's lines joined, split after a full stop, question or
+    exclamation mark that ends a sentence."""
+    import re
+    text = re.sub(r'^```.*?^```', '', text, flags=re.DOTALL | re.MULTILINE)
+    text = re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', text)
+    prose = [line for line in text.splitlines() if not line.lstrip().startswith(('|', '#', '<!--'))]
+    sentences = []
+    for paragraph in re.split(r'\n\s*\n|\n(?=- )', '\n'.join(prose)):
+        sentences += re.split(r'(?<=[.!?])\s+(?=[A-Z`*(\[])', ' '.join(paragraph.split()))
+    return [sentence for sentence in sentences if sentence]
+
+
+def test_the_readme_reads_in_five_minutes():
+    """A newcomer's README: short, no sentence over 400 characters, the results table's cells short and free of
+    internal names (a study's cell names and code live in its own README)."""
+    import re
+    text = (ROOT / 'README.md').read_text()
+    assert len(text.splitlines()) <= 250
+    long = [sentence for sentence in readme_sentences(text) if len(sentence) > 400]
+    assert not long, long
+    results = re.search(r'<!-- gen: experiments/results -->(.*?)<!-- /gen -->', text, re.DOTALL).group(1)
+    for row in results.strip().splitlines()[2:]:
+        for cell in row.strip('| ').split(' | '):
+            shown = re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', cell)  # a link reads as its text
+            assert len(shown) <= 150, shown
+        assert '`' not in row.split(' | ')[-1], row  # the result: words, no code names
+    # the first number a reader meets for the flagship: the zoo's, its epoch chosen on held-out images
+    first_result = results.strip().splitlines()[2]
+    assert 'fashion_mnist_zoo' in first_result
+
+
+def test_readme_sentences_are_split_where_a_reader_stops():
+    text = ('One. Two is `x.y` long.\n\n```bash\nmake test. Not prose.\n```\n| a. | b. |\n# Head. Line\nThree\nfour?\n'
+            '- A [link](docs/a.md) item\n  goes on.\n- Another')
+    assert readme_sentences(text) == ['One.', 'Two is `x.y` long.', 'Three four?', '- A link item goes on.',
+                                      '- Another']

@@ -37,6 +37,23 @@ def _vs_full(result: Dict) -> str:
     return f"{format_interval(vs['gain'], vs['ci95'], signed=True)} points"
 
 
+def _no_match(result: Dict) -> str:
+    """The headline when no confidence threshold reaches the full recursion's top-1."""
+    return f"no confidence exit reaches the {pct(result['fixed'][-1]['top1'])}% of 16 fixed steps"
+
+
+def short(confidence: Dict) -> str:
+    """The headline's confidence exit in plain words (a README table cell): its top-1 beside the full
+    recursion's, their paired difference, its cost, and on which images its threshold was chosen."""
+    full, match = confidence['fixed'][-1], confidence['matching']
+    if match is None:
+        return _no_match(confidence)
+    chosen = 'tiny DSA-MoE' if 'held-out' in match.get('chosen_on', '') else 'threshold chosen on test'
+    return (f"confidence exit {pct(match['top1'])}% top-1 vs {pct(full['top1'])}% at {full['steps']} steps, "
+            f"{_vs_full(confidence)}, {match['macs_ratio']:.3f}x multiply-adds, {match['speedup']:.2f}x images/s "
+            f"({chosen})")
+
+
 def _histogram(result: Dict) -> str:
     steps = range(1, result['num_steps'] + 1)
     rows = [[f"{result['criterion']} {r['threshold']:g}", *r['step_histogram']] for r in result['thresholds']]
@@ -148,7 +165,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     confidence = data['confidence']
     full, match = confidence['fixed'][-1], confidence['matching']
     if match is None:
-        pieces['headline'] = f"no confidence exit reaches the {pct(full['top1'])}% of 16 fixed steps"
+        pieces['headline'] = _no_match(confidence)
     else:
         pieces['headline'] = (
             f"{pct(match['top1'])}% with {match['mean_steps']:.2f} steps per image on average vs "
@@ -161,4 +178,5 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         pieces['headline'] += (f"; a learned PonderNet head: {pct(m['top1'])}% with {m['mean_steps']:.2f} steps vs "
                                f"{pct(f['top1'])}% at {f['steps']} ({_vs_full(learned)}), {m['macs_ratio']:.3f}x the "
                                "multiply-adds")
+    pieces['short'] = short(confidence)
     return pieces

@@ -3,20 +3,44 @@
 Interaction")."""
 import json
 import pathlib
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from timm_recursive.analysis.intervals import format_interval, proportion_difference_interval
 from tools.generated_markdown import markdown_table, pct
 
 
-def linear_gap(variants: Dict, a: str, b: str) -> str:
-    """Linear-probe top-1 of ``a`` minus ``b`` in points with its 95% interval over the test images (unpaired:
-    the per-image answers were not kept, so conservative; one pretraining seed each, whose variation is not
-    in it)."""
+def _linear_difference(variants: Dict, a: str, b: str) -> Tuple[float, float]:
+    """Linear-probe top-1 of ``a`` minus ``b`` in points and the half-width of its 95% interval over the test images
+    (unpaired: the per-image answers were not kept, so conservative; one pretraining seed each, whose variation is
+    not in it)."""
     la, lb = variants[a]['linear'], variants[b]['linear']
     difference, half = proportion_difference_interval(la['top1'] / 100, la['eval_images'], lb['top1'] / 100,
                                                       lb['eval_images'])
-    return format_interval(100 * difference, 100 * half, signed=True, digits=1)
+    return 100 * difference, 100 * half
+
+
+def linear_gap(variants: Dict, a: str, b: str) -> str:
+    """``_linear_difference`` as the tables print it."""
+    return format_interval(*_linear_difference(variants, a, b), signed=True, digits=1)
+
+
+SHORT_LIMIT = 150  # characters: the README's results table cell
+# the variants (run.sh's folder names) in words
+VARIANT_WORDS = {'entmax': 'entmax', 'softmax': 'softmax', 'reg4': 'softmax + 4 registers',
+                 'specialized': 'softmax with separate class-token weights'}
+
+
+def short(variants: Dict, ranked: List[str]) -> str:
+    """The headline for a newcomer: the two best linear probes and their difference, in at most ``SHORT_LIMIT``
+    characters."""
+    (a, b), top1 = ranked[:2], {name: variants[name]['linear']['top1'] for name in ranked[:2]}
+    difference, half = _linear_difference(variants, a, b)
+    shown = '' if difference - half > 0 else ', no difference shown'  # ranked: a is not below b
+    text = (f'linear probe: {VARIANT_WORDS.get(a, a)} {pct(top1[a])}% vs {VARIANT_WORDS.get(b, b)} {pct(top1[b])}%, '
+            f'{linear_gap(variants, a, b)} points{shown}')
+    settings = (' (DINO on FashionMNIST, one seed: interval over test images only)',
+                ' (DINO on FashionMNIST, one seed)', ' (one seed)')
+    return next((text + s for s in settings if len(text + s) <= SHORT_LIMIT), text)
 
 
 def _model(variant: Dict) -> str:
@@ -121,6 +145,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
               collected.get('commit', 'not recorded')]]),
         'beside_source': beside_source(variants, source),
         'linear_gap': linear_gap(variants, ranked[0], ranked[1]),
+        'short': short(variants, ranked),
         'linear_spread': ', '.join(f'{a} - {b} {linear_gap(variants, a, b)}'
                                    for i, a in enumerate(ranked[1:], 1) for b in ranked[i + 1:]),
         'headline': ('linear probe top-1 ' + ', '.join(f'{name} {pct(top1[name])}%' for name in ranked)

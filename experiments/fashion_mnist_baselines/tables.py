@@ -8,9 +8,10 @@ the exported epoch chosen on the test split): ``trace.json`` (``timm-recursive r
 model) and, where it was kept, ``summary.json``.
 """
 import json
+import math
 import pathlib
 import statistics
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from timm_recursive.analysis.intervals import difference_interval, format_interval, mean_interval
 from tools.generated_markdown import markdown_table
@@ -152,7 +153,7 @@ def held_out_table(runs: Dict[str, List[dict]]) -> str:
         rows.append([label, _seeds(summaries), first['epochs'], f'{first["train_images"]:,} / '
                      f'{first["selection_images"]:,} / {first["eval_images"]:,}', first['selection_split'],
                      format_interval(*mean_interval([e[0] for e in exported])),
-                     format_interval(*mean_interval([e[-1] for e in exported])),
+                     format_interval(*last_step_interval(summaries)),
                      format_interval(*mean_interval([e[-1] - e[0] for e in exported]), signed=True),
                      format_interval(*mean_interval(last)),
                      f'{statistics.fmean(s["wall_time_s"] for s in summaries) / 60:.0f}'])
@@ -179,13 +180,49 @@ def held_out_provenance_table(runs: Dict[str, List[dict]]) -> str:
     return markdown_table(['model', 'seed', 'exported epoch', 'commit', 'date', 'hardware', 'torch', 'command'], rows)
 
 
+def last_step_interval(summaries: List[dict]) -> Tuple[float, float]:
+    """Test top-1 at the last step of the exported epochs: the mean over seeds and its 95% half-width."""
+    return mean_interval([s['test']['exported']['top1_per_step'][-1] for s in summaries])
+
+
+def _difference(runs: Dict[str, List[dict]], a: str, b: str) -> Tuple[float, float]:
+    """``a`` minus ``b`` at the last step of the exported epochs, over seeds: Welch's 95% interval."""
+    return difference_interval(*([s['test']['exported']['top1'] for s in runs[label]] for label in (a, b)))
+
+
 def variant_difference(runs: Dict[str, List[dict]], a: str = 'DSA-MoE', b: str = 'SA-MLP') -> str:
     """``a`` minus ``b`` at the last step of the exported epochs, over seeds, with Welch's 95% interval."""
     if a not in runs or b not in runs:
         return f'not measured yet: {a} and {b} both need finished runs'
-    last = {label: [s['test']['exported']['top1'] for s in runs[label]] for label in (a, b)}
-    return (f'{a} minus {b}: {format_interval(*difference_interval(last[a], last[b]), signed=True)} points '
-            f'({len(last[a])} and {len(last[b])} seeds, Welch\'s 95% interval)')
+    return (f'{a} minus {b}: {format_interval(*_difference(runs, a, b), signed=True)} points '
+            f'({len(runs[a])} and {len(runs[b])} seeds, Welch\'s 95% interval)')
+
+
+def _setting(summaries: List[dict]) -> str:
+    seeds = len(summaries)
+    return f'{summaries[0]["epochs"]} epochs, {"one seed" if seeds == 1 else f"{seeds} seeds"}'
+
+
+def _top1(summaries: List[dict]) -> str:
+    """``90.93% (90.47 to 91.40)``: the last step's mean top-1 over seeds and its 95% interval."""
+    return format_interval(*last_step_interval(summaries)).replace(' ', '% ', 1)
+
+
+def short(runs: Dict[str, List[dict]], a: str = 'DSA-MoE', b: str = 'SA-MLP') -> str:
+    """The headline's last-step top-1 of DSA-MoE beside SA-MLP's, in plain words (a README table cell)."""
+    if a not in runs:
+        return 'not measured yet'
+    setting = f'FashionMNIST, tiny size, {_setting(runs[a])}'
+    if b not in runs:
+        return f'{a} {_top1(runs[a])} top-1; {setting}'
+    difference, half_width = _difference(runs, a, b)
+    if math.isnan(half_width):
+        shown = 'no interval for the difference'
+    elif abs(difference) <= half_width:
+        shown = 'no difference shown'
+    else:
+        shown = f'{a} {"above" if difference > 0 else "below"} {b}'
+    return f'{a} {_top1(runs[a])} vs {b} {_top1(runs[b])} top-1, {shown}; {setting}'
 
 
 def held_out_headline(runs: Dict[str, List[dict]]) -> str:
@@ -193,7 +230,7 @@ def held_out_headline(runs: Dict[str, List[dict]]) -> str:
         return 'not measured yet: `experiments/fashion_mnist_baselines/train.sh`'
     summaries = runs['DSA-MoE']
     exported = [s['test']['exported']['top1_per_step'] for s in summaries]
-    mean_last, _ = mean_interval([e[-1] for e in exported])
+    mean_last, _ = last_step_interval(summaries)
     mean_first, _ = mean_interval([e[0] for e in exported])
     gain = format_interval(*mean_interval([e[-1] - e[0] for e in exported]), signed=True)
     return (f'{mean_last:.2f}% at step {len(exported[0])} vs {mean_first:.2f}% at step 1, change {gain} points '
@@ -210,6 +247,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         'held_out_provenance': held_out_provenance_table(held_out) if held_out else 'not measured yet',
         'variant_difference': variant_difference(held_out),
         'headline': held_out_headline(held_out),
+        'short': short(held_out),
         **({name: table(runs) for name, table in (
             ('per_step', per_step_table), ('last_epoch', last_epoch_table), ('changes', changes_table),
             ('attention', attention_table), ('sparsity', sparsity_table), ('expert_load', expert_load_table))}

@@ -171,11 +171,66 @@ def efficiency_claim(rows: List[dict], sparse: str = 'dsa_moe_small', dense: str
     return text
 
 
+# each zoo model as a reader knows it
+MODEL_NAMES = {
+    'dsa_moe_small': 'DSA-MoE (small)', 'sa_moe_small': 'SA-MoE (small)', 'sa_mlp_small': 'SA-MLP (small)',
+    'resnet18': 'ResNet-18', 'mobilenetv3_large_100': 'MobileNetV3-Large', 'vit_tiny_patch4': 'ViT-Ti, 4 px patches',
+}
+NOT_TRAINED = 'not measured yet: no zoo run has finished'
+
+
+def reader_table(rows: List[dict]) -> str:
+    """The zoo table in short cells, for the README: each model's test top-1 and what it costs."""
+    table = []
+    for row in rows:
+        cost = row['cost'] or {}
+        table.append([MODEL_NAMES[row['cell']], row['seeds'], _interval(row['top1']), _millions(cost.get('params')),
+                      _millions(cost.get('macs'), 1),
+                      *(f'{cost[key]:.0f}' if key in cost else '' for key in
+                        ('inference_b128_images_per_s', 'train_b128_images_per_s'))])
+    return markdown_table(['model', 'seeds', 'test top-1 (%), 95% interval', 'params (M)',
+                           'multiply-adds per image (M)', 'inference images/s', 'training images/s'], table)
+
+
+def _percent(values: List[float], interval: bool = True) -> str:
+    """The mean top-1 as a percentage, with its interval over seeds when asked and there are two or more."""
+    mean, half = mean_interval(values)
+    if not interval or math.isnan(half):
+        return f'{mean:.2f}%'
+    return f'{mean:.2f}% ({mean - half:.2f} to {mean + half:.2f})'
+
+
+def _seeds(row: dict) -> str:
+    return 'one seed' if row['seeds'] == 1 else f'{row["seeds"]} seeds'
+
+
+def headline(rows: List[dict]) -> str:
+    """Every trained model's test top-1 at its held-out-chosen epoch, the flagship first."""
+    if not rows:
+        return NOT_TRAINED
+    return ('test top-1 ' + ', '.join(f'{MODEL_NAMES[row["cell"]]} {_percent(row["top1"])} ({_seeds(row)})'
+                                      for row in rows)
+            + ' (FashionMNIST, one recipe, 20 epochs, epoch chosen on held-out training images)')
+
+
+def short(rows: List[dict]) -> str:
+    """The flagship, then timm's convolutional models, in a README cell."""
+    found = {row['cell']: row for row in rows}
+    flagship = found.get('dsa_moe_small')
+    if flagship is None:
+        return NOT_TRAINED if not rows else 'not measured yet: the small DSA-MoE has not finished a run'
+    text = f'DSA-MoE (small) {_percent(flagship["top1"])} top-1, {_seeds(flagship)}'
+    baselines = [f'{MODEL_NAMES[cell]} {_percent(found[cell]["top1"], interval=False)}'
+                 for cell in ('resnet18', 'mobilenetv3_large_100') if cell in found]
+    return text + (f'; {", ".join(baselines)} by the same recipe' if baselines else '')
+
+
 def tables(results: pathlib.Path) -> Dict[str, str]:
     run = import_file(STUDY / 'run.py')
     cost_path = results / 'cost.json'
     rows = zoo_rows(results, run.ZOO_CELLS, json.loads(cost_path.read_text()) if cost_path.exists() else None)
     return {'search': search_table(results, run.CELLS), 'provenance': provenance_table(results),
             'length': length_table(results, run.SEARCHED_AS),
-            'zoo': zoo_table(rows) if rows else 'not measured yet: no zoo run has finished (`run.py --only ZOO_CELL`)',
-            'efficiency_claim': efficiency_claim(rows)}
+            'zoo': zoo_table(rows) if rows else f'{NOT_TRAINED} (`run.py --only ZOO_CELL`)',
+            'reader_table': reader_table(rows) if rows else NOT_TRAINED,
+            'headline': headline(rows), 'short': short(rows), 'efficiency_claim': efficiency_claim(rows)}

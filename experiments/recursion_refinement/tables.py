@@ -29,6 +29,7 @@ SEEDS = (0, 1, 2)
 REFERENCE = 'dsa_moe/seed0'
 
 Missing = List[Tuple[str, str]]  # (run name, what it measures)
+CHOSEN_ON_TEST = 'epoch chosen on the test split'  # the weights of every run whose training record was lost
 
 
 def _read_json(path: pathlib.Path) -> Optional[dict]:
@@ -50,23 +51,46 @@ def load_run(results: pathlib.Path, name: str, root: str = RECIPE_ROOT) -> Optio
         first_to_last = trace.get('first_to_last')
         return dict(per_step=[100 * a for a in trace['accuracy']], eval_images=trace['num_images'],
                     first_to_last=None if first_to_last is None else [100 * v for v in first_to_last],
-                    weights='exported model (epoch chosen on the test split)', summary=None)
+                    weights=f'exported model ({CHOSEN_ON_TEST})', summary=None)
     for analysis in ('summary_probe.json', 'interventions.json'):
         result = _read_json(folder / analysis)
         if result is not None:
             return dict(per_step=result['step_top1'], eval_images=result['eval_images'], first_to_last=None,
-                        weights='exported model (epoch chosen on the test split)', summary=None)
+                        weights=f'exported model ({CHOSEN_ON_TEST})', summary=None)
     return None
+
+
+def paired_first_to_last(run: dict) -> Optional[Tuple[float, float]]:
+    """Last-step minus step-1 top-1 (a fraction) and its paired 95% half-width; None where the run recorded
+    no per-image changes."""
+    if run['first_to_last'] is None:
+        return None
+    corrected, regressed = (v / 100 for v in run['first_to_last'])
+    return paired_gain(corrected, regressed, run['eval_images'])
 
 
 def gain_with_interval(run: dict) -> str:
     """Last-step minus step-1 top-1 (points), with its paired 95% interval where the run recorded one."""
     per_step = run['per_step']
-    if run['first_to_last'] is None:
+    paired = paired_first_to_last(run)
+    if paired is None:
         return f'{per_step[-1] - per_step[0]:+.2f}'
-    corrected, regressed = (v / 100 for v in run['first_to_last'])
-    gain, half_width = paired_gain(corrected, regressed, run['eval_images'])
+    gain, half_width = paired
     return f'{100 * gain:+.2f} ({100 * (gain - half_width):+.2f} to {100 * (gain + half_width):+.2f})'
+
+
+def short(reference: dict) -> str:
+    """The headline's change from step 1 to the last step in plain words (a README table cell)."""
+    paired = paired_first_to_last(reference)
+    if paired is None:
+        shown = 'no interval'
+    elif abs(paired[0]) <= paired[1]:
+        shown = 'no change shown'
+    else:
+        shown = 'a gain' if paired[0] > 0 else 'a loss'
+    weights = 'last epoch' if reference['weights'] == 'last epoch' else CHOSEN_ON_TEST
+    return (f'step {len(reference["per_step"])} minus step 1: {gain_with_interval(reference)} points, {shown} '
+            f'(tiny DSA-MoE, FashionMNIST, one seed, {weights})')
 
 
 def mean_sparsity(num_steps: int, topk: int) -> float:
@@ -332,4 +356,5 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
                           f'{gain_with_interval(reference)} points, paired 95% interval over the '
                           f'{reference["eval_images"]:,} test images (FashionMNIST, tiny DSA-MoE, 6,000 training '
                           f'images, one seed, {reference["weights"]})')
+    pieces['short'] = short(reference)
     return pieces

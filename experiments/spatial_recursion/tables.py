@@ -211,10 +211,19 @@ def full_data_clause(full: Dict[str, List[dict]], pooled: Dict[str, List[dict]],
     return ''.join(clauses)
 
 
-def _reaches_target(runs: List[dict]) -> bool:
-    """The refinement target on test: the last step at least 1.0 point above step 1, the interval above 0."""
-    change, half = _change(runs)
+def _reaches(change: float, half: float) -> bool:
+    """The refinement target: the last step at least 1.0 point above step 1, the interval above 0."""
     return change >= TARGET_GAIN and change - half > 0
+
+
+def _reaches_target(runs: List[dict]) -> bool:
+    """The refinement target on test."""
+    return _reaches(*_change(runs))
+
+
+def _mean_last(runs: List[dict]) -> float:
+    """The last step's test top-1, mean over seeds."""
+    return statistics.fmean(p[-1] for p in _per_step(runs))
 
 
 def headline(cells: Dict[str, List[dict]], full: Dict[str, List[dict]], pooled: Dict[str, List[dict]]) -> str:
@@ -292,6 +301,37 @@ def full_data_table(full: Dict[str, List[dict]], pooled: Dict[str, List[dict]]) 
                            f'last step >= {FULL_DATA_TARGET}%'], rows)
 
 
+SHORT_LIMIT = 150  # characters: the README's results table cell
+
+
+def _refinement(change: float, half: float) -> str:
+    """The step-1-to-last change in words, as far as its interval over the seeds shows it (one seed: none)."""
+    if _reaches(change, half):
+        return 'the steps refine'
+    if change - half > 0:
+        return f'a gain below the {TARGET_GAIN:.0f}-point target'
+    return 'a loss shown' if change + half < 0 else 'no gain shown'
+
+
+def short(cells: Dict[str, List[dict]]) -> str:
+    """The headline for a newcomer: the chosen design's step-1-to-last change and its last step beside the pooled
+    DSA-MoE, in plain words (at most ``SHORT_LIMIT`` characters)."""
+    name = chosen_design(cells)
+    if not name:
+        return 'not measured yet'
+    runs = cells[name]
+    change, half = _change(runs)
+    pooled, _ = COMPARED[0]
+    beside = f' vs pooled DSA-MoE {_mean_last(cells[pooled]):.2f}%' if pooled in cells else ''
+    text = (f'image read step by step: step 1 to last {format_interval(change, half, signed=True)} points, '
+            f'{_refinement(change, half)}; top-1 {_mean_last(runs):.2f}%{beside}')
+    seeds = f'{len(runs)} seed{"s" if len(runs) > 1 else ""}'
+    for setting in (f' (FashionMNIST, {seeds})', f' ({seeds})', ''):
+        if len(text + setting) <= SHORT_LIMIT:
+            return text + setting
+    return text
+
+
 def tables(results: pathlib.Path) -> Dict[str, str]:
     everything = cell_runs(results)
     cells = {name: runs for name, runs in everything.items() if not name.startswith(FULL_DATA_PREFIX)}
@@ -300,8 +340,9 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     if not cells:
         missing = 'not measured yet: `experiments/spatial_recursion/run.py`'
         return {**dict.fromkeys(('design_search', 'per_step', 'macs', 'provenance', 'headline', 'halting'), missing),
+                'short': short(cells),
                 'glimpses': glimpse_table(results), 'full_data': full_data_table(full, pooled)}
     return {'glimpses': glimpse_table(results), 'design_search': design_search_table(cells),
             'per_step': per_step_table(cells), 'macs': macs_table(cells), 'provenance': provenance_table(everything),
-            'headline': headline(cells, full, pooled), 'halting': halting_table(results, cells),
+            'headline': headline(cells, full, pooled), 'short': short(cells), 'halting': halting_table(results, cells),
             'full_data': full_data_table(full, pooled)}

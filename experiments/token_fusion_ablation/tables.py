@@ -6,6 +6,7 @@ A cell is named as ``run.py`` names it: the mode, then ``key=value`` settings
 num_fused_tokens=4``); what was not measured is an em dash, never a default's number.
 """
 import json
+import math
 import pathlib
 from typing import Dict, List, Optional, Tuple
 
@@ -19,15 +20,45 @@ def parse_cell(name: str) -> Tuple[str, Dict[str, str]]:
     return mode, dict(setting.split('=', 1) for setting in settings)
 
 
+def _difference(a: Dict, b: Dict, images: Optional[int]) -> Tuple[float, float]:
+    """Top-1 of cell ``a`` minus cell ``b`` in points and the half-width of its paired 95% interval over the ``images``
+    test images both were measured on (nan where their per-image hits were not kept)."""
+    if images and 'hits' in a and 'hits' in b:
+        gain, half = paired_hits_interval(unpack_hits(a['hits'], images), unpack_hits(b['hits'], images))
+        return 100 * gain, 100 * half
+    return a['top1'] - b['top1'], math.nan
+
+
 def difference(a: Optional[Dict], b: Optional[Dict], images: Optional[int]) -> str:
     """Top-1 of cell ``a`` minus cell ``b`` in points, with the paired 95% interval over the ``images`` test images
     both were measured on when their per-image hits were kept (``run.py`` keeps them since the held-out rerun)."""
     if a is None or b is None:
         return '—'
-    if images and 'hits' in a and 'hits' in b:
-        gain, half = paired_hits_interval(unpack_hits(a['hits'], images), unpack_hits(b['hits'], images))
-        return format_interval(100 * gain, 100 * half, signed=True)
-    return f'{a["top1"] - b["top1"]:+.2f} (no interval: per-image hits not kept)'
+    gain, half = _difference(a, b, images)
+    if math.isnan(half):
+        return f'{gain:+.2f} (no interval: per-image hits not kept)'
+    return format_interval(gain, half, signed=True)
+
+
+SHORT_LIMIT = 150  # characters: the README's results table cell
+SETTING = 'small ViT on FashionMNIST'
+MODE_WORDS = {'both': 'importance + diversity', 'importance': 'importance only', 'diversity': 'diversity only'}
+
+
+def _ahead(a: str, b: str, gain: float, half: float) -> str:
+    """``a`` minus ``b`` (points, with its 95% half-width) in words: who is ahead, or that no difference is shown."""
+    if gain - half > 0:
+        return f'{a} ahead by {format_interval(gain, half, signed=True)} points'
+    if gain + half < 0:
+        return f'{b} ahead by {format_interval(-gain, half, signed=True)} points'
+    if math.isnan(half):
+        return f'{a} {gain:+.2f} points, no interval'
+    return f'no difference shown: {a} {format_interval(gain, half, signed=True)} points'
+
+
+def _fit(text: str, *settings: str) -> str:
+    """``text`` with the first of ``settings`` that keeps it within ``SHORT_LIMIT`` characters (or none)."""
+    return next((text + s for s in settings if len(text + s) <= SHORT_LIMIT), text)
 
 
 def _top1(cell: Optional[Dict]) -> str:
@@ -223,13 +254,18 @@ def _finetuned(runs: Optional[Dict]) -> str:
     return format_interval(*mean_interval([run['top1'] for run in runs.values()]))
 
 
-def _seed_difference(a: Optional[Dict], b: Optional[Dict]) -> str:
+def _seed_interval(a: Dict, b: Dict) -> Tuple[float, float]:
     """Fine-tuned ``a`` minus ``b``, each seed's difference (the same seed: the same fine-tuning images and order),
-    averaged, with the 95% interval over seeds."""
+    averaged, and the half-width of its 95% interval over seeds."""
+    seeds = sorted(set(a) & set(b))
+    return mean_interval([a[s]['top1'] - b[s]['top1'] for s in seeds])
+
+
+def _seed_difference(a: Optional[Dict], b: Optional[Dict]) -> str:
+    """``_seed_interval`` as the tables print it."""
     if not a or not b:
         return '—'
-    seeds = sorted(set(a) & set(b))
-    return format_interval(*mean_interval([a[s]['top1'] - b[s]['top1'] for s in seeds]), signed=True)
+    return format_interval(*_seed_interval(a, b), signed=True)
 
 
 def merging_tables(results: pathlib.Path) -> Dict[str, str]:
@@ -239,7 +275,7 @@ def merging_tables(results: pathlib.Path) -> Dict[str, str]:
         missing = f'not measured yet: `{MERGING_COMMAND}` measures it'
         return dict.fromkeys(('merging_cost', 'merging_accuracy', 'merging_headline', 'merging_budgets',
                               'merging_recipe', 'merging_proportional_gain', 'merging_finetuned_gaps',
-                              'merging_finetuned_gaps_speed'), missing)
+                              'merging_finetuned_gaps_speed', 'merging_short'), missing)
     m = json.loads(path.read_text())
     cells, cost, finetuned = m.get('cells', {}), m.get('cost', {}), m.get('finetuned', {})
     budgets, images = m['budgets'], m['dense']['test_images']
@@ -289,10 +325,11 @@ def merging_tables(results: pathlib.Path) -> Dict[str, str]:
             text += f', fine-tuned {_seed_difference(runs_a, runs_b)} ({common} seed{"s" if common > 1 else ""})'
         return text
 
-    headline = 'not measured yet'
+    headline = short = 'not measured yet'
     if versus('tome', 'both'):
         headline = (f'at equal MACs off the shelf, ToMe {pct(cells["equal_macs tome"]["top1"])}% vs `both` '
                     f'{pct(cells["equal_macs both"]["top1"])}%; ToMe minus `both`: {versus("tome", "both")}')
+        short = merging_short(cells, finetuned)
     recipe = m.get('finetune_recipe')
     proportional_gain = versus('both_proportional', 'both') or 'not measured yet'
     def finetuned_gaps(budget: str) -> str:
@@ -318,7 +355,22 @@ def merging_tables(results: pathlib.Path) -> Dict[str, str]:
         'merging_recipe': (f'{recipe["epochs"]} epochs on {recipe["samples"]:,} training images' if recipe
                            else 'not measured yet'),
         'merging_headline': headline,
+        'merging_short': short,
     }
+
+
+def merging_short(cells: Dict, finetuned: Dict) -> str:
+    """The ToMe comparison for a newcomer: ToMe and the source's token fusion (``both``) at equal MACs, off the shelf,
+    and fine-tuned ToMe minus token fusion over the seeds both have, in at most ``SHORT_LIMIT`` characters."""
+    tome, fusion = cells['equal_macs tome'], cells['equal_macs both']
+    text = f'equal multiply-adds, without fine-tuning: ToMe {pct(tome["top1"])}% vs token fusion {pct(fusion["top1"])}%'
+    runs_tome, runs_fusion = finetuned.get('equal_macs tome'), finetuned.get('equal_macs both')
+    if not (runs_tome and runs_fusion):
+        return _fit(text, f' ({SETTING})')
+    seeds = len(set(runs_tome) & set(runs_fusion))
+    text += f'; fine-tuned, {_ahead("ToMe", "token fusion", *_seed_interval(runs_tome, runs_fusion))}'
+    seeds = f'{seeds} seed{"s" if seeds > 1 else ""}'
+    return _fit(text, f' ({seeds}, {SETTING})', f' ({seeds})')
 
 
 def _commits(r: Dict) -> str:
@@ -331,10 +383,27 @@ def _commits(r: Dict) -> str:
     return f'`{finished[:7]}`'
 
 
+def _ranked(keep_05: Dict[str, Optional[Dict]]) -> List[Tuple[str, Dict]]:
+    """The measured modes at keep 0.5 off the shelf, the most accurate first."""
+    return sorted(((mode, cell) for mode, cell in keep_05.items() if cell), key=lambda mc: -mc[1]['top1'])
+
+
+def ablation_short(r: Dict, keep_05: Dict[str, Optional[Dict]]) -> str:
+    """The headline's keep-0.5 comparison for a newcomer (the short piece until ToMe's comparison is measured)."""
+    measured = _ranked(keep_05)
+    text = 'keep rate 0.5, without fine-tuning: ' + ' vs '.join(
+        f'{MODE_WORDS.get(mode, mode)} {pct(cell["top1"])}%' for mode, cell in measured[:2])
+    if len(measured) > 1:
+        (first, a), (second, b) = measured[:2]
+        text += ', ' + _ahead(MODE_WORDS.get(first, first), MODE_WORDS.get(second, second),
+                              *_difference(a, b, r['dense'].get('test_images')))
+    return _fit(text, f' ({SETTING})')
+
+
 def headline(r: Dict, keep_05: Dict[str, Optional[Dict]]) -> str:
     """Keep 0.5 off the shelf, each mode, and the most accurate mode minus the next with its paired interval."""
     dense = r['dense']
-    measured = sorted(((mode, cell) for mode, cell in keep_05.items() if cell), key=lambda mc: -mc[1]['top1'])
+    measured = _ranked(keep_05)
     text = 'keep 0.5 off the shelf: ' + ', '.join(f'{mode} {pct(cell["top1"])}%' for mode, cell in measured)
     if len(measured) > 1:
         (first, a), (second, b) = measured[:2]
@@ -397,6 +466,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
 
     keep_05 = {mode: cells.get(f'{mode} keep=0.5 importance_score={score}') for mode in modes}
     merging = merging_tables(results)
+    short = merging.pop('merging_short')
     dense = r['dense']
     return {
         'main': markdown_table(['mode', 'keep', 'MMACs', 'images/s (x dense)', 'top-1 off the shelf (%)',
@@ -430,4 +500,6 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
         # the ToMe comparison's headline joins the ablation's once measured
         'headline': headline(r, keep_05) + ('' if merging['merging_headline'].startswith('not measured') else
                                             f'; {merging["merging_headline"]}'),
+        # ToMe's comparison once measured (the decision a user faces), the ablation's until then
+        'short': ablation_short(r, keep_05) if short.startswith('not measured') else short,
     }
