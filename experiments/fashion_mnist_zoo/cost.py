@@ -11,7 +11,8 @@ Every zoo cell's model is built as its training command builds it (the command's
   experts a token is routed to, ``timm_recursive.analysis.efficiency.active_params``);
 * ``macs``: multiply-adds of one 28 px image, counted by ``torch.utils.flop_counter.FlopCounterMode`` with the fused
   attention kernel off (the counter does not see inside it); for the recursive models also ``block_macs_per_token``,
-  the token-wise projections of one transformer block, the term of the source's efficiency claim, and
+  the token-wise projections of one transformer block, the term of the source's efficiency claim,
+  ``encoder_macs``, the convolutional encoder's share, run once an image whatever the steps, and
   ``macs_per_step``, a forward stopped after 1, 2, ... steps (``timm_recursive.analysis.efficiency.forward_macs``,
   which the tests hold to the counter);
 * images/s in inference at batch 1 and 128 (``torch.inference_mode``) and in training at batch 128 (each model's
@@ -33,7 +34,12 @@ from torch import nn
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the repository's tools/
-from timm_recursive.analysis.efficiency import active_params, block_macs_per_token, forward_macs  # noqa: E402
+from timm_recursive.analysis.efficiency import (  # noqa: E402
+    active_params,
+    block_macs_per_token,
+    encoder_macs,
+    forward_macs,
+)
 from timm_recursive.analysis.macs import counting_macs  # noqa: E402
 from timm_recursive.analysis.timing import time_interleaved  # noqa: E402
 from timm_recursive.cli.train import parse_args as parse_train_args  # noqa: E402
@@ -101,6 +107,7 @@ def measure(cells: List, repeats: int, inference_batches=(1, 128), train_batch: 
         if isinstance(model, RecursiveClassifier):
             row.update(active_params=active_params(model), num_steps=model.num_steps,
                        block_macs_per_token=block_macs_per_token(model.blocks[0]),
+                       encoder_macs=encoder_macs(model, tuple(size[-2:])),
                        macs_per_step=[forward_macs(model, tuple(size[-2:]), steps)
                                       for steps in range(1, model.num_steps + 1)])
         else:

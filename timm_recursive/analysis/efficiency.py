@@ -43,7 +43,7 @@ from timm_recursive.models import RecursiveBlock, RecursiveClassifier, SpatialRe
 
 __all__ = [
     'block_macs_per_token', 'mixing_macs_per_token', 'memory_macs_per_token', 'memory_tokens', 'step_keys',
-    'active_params', 'forward_macs', 'adaptive_macs',
+    'active_params', 'encoder_macs', 'forward_macs', 'adaptive_macs',
     'efficiency_report', 'parse_model_spec', 'build_reports',
 ]
 
@@ -119,7 +119,9 @@ def active_params(model: RecursiveClassifier) -> int:
     return sum(p.numel() for p in model.parameters()) - inactive
 
 
-def _encoder_macs(model: RecursiveClassifier, input_size: Tuple[int, int]) -> int:
+def encoder_macs(model: RecursiveClassifier, input_size: Tuple[int, int]) -> int:
+    """Multiply-adds of the convolutional encoder and the projection of what the steps read, for one image: run
+    once, whatever the number of steps."""
     h, w = input_size
     macs = 0
     for stage in model.stages:
@@ -145,7 +147,7 @@ def forward_macs(
     num_steps = model.num_steps if num_steps is None else num_steps
     if not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f'num_steps must be a positive integer, got {num_steps!r}')
-    macs = _encoder_macs(model, input_size)
+    macs = encoder_macs(model, input_size)
     for queries, keys in step_keys(model, input_size, num_steps):
         for block in model.blocks:
             macs += queries * (block_macs_per_token(block) + mixing_macs_per_token(block, keys))
