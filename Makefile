@@ -42,7 +42,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 test: lint $(TIMM_SUITE)
-	$(TEST_ENV) $(PY) -m pytest -n 2 -q
+	$(TEST_ENV) $(PY) -m pytest -n 2 -q --durations=15
 
 # the fast tier: no test marked slow (a command's main, a subprocess, a wheel build, an export, a training run;
 # pyproject.toml says which), timm's suite left out uncollected (all of it is slow); about 90 s on 2 cores
