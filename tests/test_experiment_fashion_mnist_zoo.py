@@ -95,6 +95,8 @@ def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_o
         '(2 seeds), ResNet-18 94.00% (one seed)')
     assert '| DSA-MoE (small) | 2 | 93.00 (86.65 to 99.35) | 1.20 | 54.3 | 259 | 120 |' in zoo_tables.reader_table(rows)
     assert zoo_tables.short(rows[1:]).startswith('not measured yet') and zoo_tables.short([]).startswith('not measured')
+    assert zoo_tables.target(rows) == ('DSA-MoE (small) 93.00% (86.65 to 99.35) test top-1 over 2 seeds: target 92.5% '
+                                       '(the source reports 92.3%, stretch 93.5%) reached so far (2 of 3 seeds)')
     claim = zoo_tables.efficiency_claim(rows)
     assert claim.startswith('DSA-MoE minus SA-MLP test top-1 +0.50 (')
     assert claim.endswith('block multiply-adds per token 0.53x, training images/s 1.20x; the convolutional encoder, '
