@@ -132,6 +132,11 @@ def _millions(value: Optional[float], digits: int = 2) -> str:
     return '' if value is None else f'{value / 1e6:.{digits}f}'
 
 
+def _speeds(cost: dict, *keys: str) -> List[str]:
+    """Images/s of each key as table cells, empty where cost.py did not measure it."""
+    return [f'{cost[key]:.0f}' if key in cost else '' for key in keys]
+
+
 def zoo_table(rows: List[dict]) -> str:
     table = []
     for row in rows:
@@ -143,8 +148,7 @@ def zoo_table(rows: List[dict]) -> str:
             exit_macs = macs_per_step[row['exit_steps'] - 1] if macs_per_step else None
             exit_cell = (f'{row["exit_steps"]} of {row["num_steps"]} steps: {statistics.fmean(row["exit_top1"]):.2f}'
                          + (f', {exit_macs / 1e6:.1f}M MACs' if exit_macs else ''))
-        speed = [f'{cost[key]:.0f}' if key in cost else '' for key in
-                 ('inference_b1_images_per_s', 'inference_b128_images_per_s', 'train_b128_images_per_s')]
+        speed = _speeds(cost, 'inference_b1_images_per_s', 'inference_b128_images_per_s', 'train_b128_images_per_s')
         table.append([f'`{row["cell"]}`', row['seeds'], _interval(row['top1']),
                       _interval(row['gain'], signed=True) if recursive else '', exit_cell,
                       _millions(cost.get('params')), _millions(cost.get('active_params')),
@@ -181,6 +185,7 @@ MODEL_NAMES = {
     'resnet18': 'ResNet-18', 'mobilenetv3_large_100': 'MobileNetV3-Large', 'vit_tiny_patch4': 'ViT-Ti, 4 px patches',
 }
 NOT_TRAINED = 'not measured yet: no zoo run has finished'
+FLAGSHIP_NOT_TRAINED = 'not measured yet: the small DSA-MoE has not finished a run'
 
 
 def reader_table(rows: List[dict]) -> str:
@@ -190,8 +195,7 @@ def reader_table(rows: List[dict]) -> str:
         cost = row['cost'] or {}
         table.append([MODEL_NAMES[row['cell']], row['seeds'], _interval(row['top1']), _millions(cost.get('params')),
                       _millions(cost.get('macs'), 1),
-                      *(f'{cost[key]:.0f}' if key in cost else '' for key in
-                        ('inference_b128_images_per_s', 'train_b128_images_per_s'))])
+                      *_speeds(cost, 'inference_b128_images_per_s', 'train_b128_images_per_s')])
     return markdown_table(['model', 'seeds', 'test top-1 (%), 95% interval', 'params (M)',
                            'multiply-adds per image (M)', 'inference images/s', 'training images/s'], table)
 
@@ -222,7 +226,7 @@ def short(rows: List[dict]) -> str:
     found = {row['cell']: row for row in rows}
     flagship = found.get('dsa_moe_small')
     if flagship is None:
-        return NOT_TRAINED if not rows else 'not measured yet: the small DSA-MoE has not finished a run'
+        return NOT_TRAINED if not rows else FLAGSHIP_NOT_TRAINED
     text = f'DSA-MoE (small) {_percent(flagship["top1"])} top-1, {_seeds(flagship)}'
     baselines = [f'{MODEL_NAMES[cell]} {_percent(found[cell]["top1"], interval=False)}'
                  for cell in ('resnet18', 'mobilenetv3_large_100') if cell in found]
@@ -237,7 +241,7 @@ def target(rows: List[dict], seeds: int = 3) -> str:
     until that many seeds have landed."""
     found = {row['cell']: row for row in rows}
     if 'dsa_moe_small' not in found:
-        return 'not measured yet: the small DSA-MoE has not finished a run'
+        return FLAGSHIP_NOT_TRAINED
     row = found['dsa_moe_small']
     mean = statistics.fmean(row['top1'])
     verdict = ('the stretch goal reached' if mean >= STRETCH else 'reached' if mean >= TARGET else 'not reached')
