@@ -59,13 +59,21 @@ def test_the_short_piece_states_the_headlines_confidence_exit_in_plain_words(tmp
     assert len(short) <= 150 and '`' not in short and '_' not in short
     exit_top1, rest = headline.split('% with ', 1)
     full_top1 = rest.split(' vs ', 1)[1].split('%')[0]
-    change = headline.split(' fixed steps (', 1)[1].split(' points')[0]  # e.g. +0.00 (+0.00 to +0.00)
+    # e.g. "+0.12 (-0.05 to +0.29) points, paired 95% interval", or that no image's answer changed
+    change = headline.split(' fixed steps (', 1)[1].split('): ')[0].removesuffix(', paired 95% interval')
     macs, speed = headline.split('): ', 1)[1].split('x the multiply-adds, ')
     assert short.startswith(f'confidence exit {exit_top1}% top-1 vs {full_top1}% at ')
-    assert f'{change} points, {macs}x multiply-adds, {speed.split("x")[0]}x images/s' in short
+    assert f'{change}, {macs}x multiply-adds, {speed.split("x")[0]}x images/s' in short
     assert short.endswith('(tiny DSA-MoE)') == ('held-out' in headline)
-    # a threshold chosen on the evaluation images says so; no matching threshold reads as the headline does
     confidence = json.loads((STUDY / 'results' / 'confidence.json').read_text())
+    # a difference of zero with no interval means the same images right: said so, never "+0.00 (+0.00 to +0.00)"
+    vs = next(t for t in confidence['thresholds'] if t['threshold'] == confidence['matching']['threshold'])[
+        'vs_fixed'][str(confidence['fixed'][-1]['steps'])]
+    vs.update(gain=0., ci95=0.)
+    assert 'right on exactly the same images, ' in tables.short(confidence)
+    vs.update(gain=0.1, ci95=0.2)
+    assert '+0.10 (-0.10 to +0.30) points, ' in tables.short(confidence)
+    # a threshold chosen on the evaluation images says so; no matching threshold reads as the headline does
     confidence['matching']['chosen_on'] = 'the evaluation images themselves'
     assert tables.short(confidence).endswith('images/s (threshold chosen on test)')
     confidence['matching'] = None

@@ -28,13 +28,16 @@ def _matching(result: Dict) -> str:
             f"chosen on {match.get('chosen_on', 'the evaluation images themselves')}")
 
 
-def _vs_full(result: Dict) -> str:
+def _vs_full(result: Dict, name_interval: bool = False) -> str:
     """The matching threshold's paired difference from the full recursion on the same images, with its 95%
-    interval (``vs_fixed`` of that threshold's entry)."""
+    interval (``vs_fixed`` of that threshold's entry), named as such when ``name_interval``."""
     full = result['fixed'][-1]
     entry = next(t for t in result['thresholds'] if t['threshold'] == result['matching']['threshold'])
     vs = entry['vs_fixed'][str(full['steps'])]
-    return f"{format_interval(vs['gain'], vs['ci95'], signed=True)} points"
+    if vs['gain'] == 0 and vs['ci95'] == 0:  # no image changed from right to wrong or back: nothing to bound
+        return 'right on exactly the same images'
+    named = ', paired 95% interval' if name_interval else ''
+    return f"{format_interval(vs['gain'], vs['ci95'], signed=True)} points{named}"
 
 
 def _no_match(result: Dict) -> str:
@@ -169,7 +172,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     else:
         pieces['headline'] = (
             f"{pct(match['top1'])}% with {match['mean_steps']:.2f} steps per image on average vs "
-            f"{pct(full['top1'])}% at {full['steps']} fixed steps ({_vs_full(confidence)}, paired 95% interval): "
+            f"{pct(full['top1'])}% at {full['steps']} fixed steps ({_vs_full(confidence, name_interval=True)}): "
             f"{match['macs_ratio']:.3f}x the multiply-adds, {match['speedup']:.2f}x the images/s (confidence exit, "
             f"threshold chosen on {match.get('chosen_on', 'the test images themselves')}; FashionMNIST, tiny DSA-MoE)")
     learned = data.get('halting')

@@ -205,7 +205,7 @@ def _setting(summaries: List[dict]) -> str:
 
 def _top1(summaries: List[dict]) -> str:
     """``90.93% (90.47 to 91.40)``: the last step's mean top-1 over seeds and its 95% interval."""
-    return format_interval(*last_step_interval(summaries)).replace(' ', '% ', 1)
+    return format_interval(*last_step_interval(summaries), unit='%')
 
 
 def short(runs: Dict[str, List[dict]], a: str = 'DSA-MoE', b: str = 'SA-MLP') -> str:

@@ -205,7 +205,7 @@ def _percent(values: List[float], interval: bool = True) -> str:
     mean, half = mean_interval(values)
     if not interval or math.isnan(half):
         return f'{mean:.2f}%'
-    return f'{mean:.2f}% ({mean - half:.2f} to {mean + half:.2f})'
+    return format_interval(mean, half, unit='%')
 
 
 def _seeds(row: dict) -> str:

@@ -161,10 +161,7 @@ def glimpse_table(results: pathlib.Path) -> str:
 
 def _percent(values: List[float]) -> str:
     """The mean of per-seed accuracies in percent, with its 95% interval over the seeds."""
-    mean, half = mean_interval(values)
-    if math.isnan(half):
-        return f'{mean:.2f}% (one run: no interval)'
-    return f'{mean:.2f}% ({mean - half:.2f} to {mean + half:.2f})'
+    return format_interval(*mean_interval(values), unit='%')
 
 
 def held_out_change(runs: List[dict]) -> float:

@@ -84,9 +84,10 @@ def unpack_hits(packed: str, num_images: int) -> List[bool]:
     return [b == '1' for b in bits[:num_images]]
 
 
-def format_interval(value: float, half_width: float, signed: bool = False, digits: int = 2) -> str:
-    """``value (low to high)``, or the value and ``(one run: no interval)`` when the half-width is unknown."""
+def format_interval(value: float, half_width: float, signed: bool = False, digits: int = 2, unit: str = '') -> str:
+    """``value<unit> (low to high)``, or the value and ``(one run: no interval)`` when the half-width is unknown:
+    ``format_interval(90.93, 0.47, unit='%')`` is ``90.93% (90.46 to 91.40)``."""
     fmt = f'{{:{"+" if signed else ""}.{digits}f}}'
     if math.isnan(half_width):
-        return f'{fmt.format(value)} (one run: no interval)'
-    return f'{fmt.format(value)} ({fmt.format(value - half_width)} to {fmt.format(value + half_width)})'
+        return f'{fmt.format(value)}{unit} (one run: no interval)'
+    return f'{fmt.format(value)}{unit} ({fmt.format(value - half_width)} to {fmt.format(value + half_width)})'
