@@ -104,6 +104,21 @@ def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_o
     assert zoo_tables.efficiency_claim(rows[1:]).startswith('not measured yet')
 
 
+def test_the_curve_shows_where_each_models_held_out_top1_flattened(tmp_path):
+    results = tmp_path / 'results'
+    for seed, (rise, chosen) in enumerate(((1.0, 10), (2.0, 9))):
+        folder = results / 'dsa_moe_small' / f'seed{seed}'
+        _record(folder, [80.0 + rise * epoch for epoch in range(10)], seed)
+        summary = json.loads((folder / 'summary.json').read_text())
+        (folder / 'summary.json').write_text(json.dumps({**summary, 'best': {'epoch': chosen}}))
+    _record(results / 'search_enc64' / 'seed0', [90.0] * 10)  # not a zoo cell: not on the curve
+    table = zoo_tables.curve_table(results, zoo_run.ZOO_CELLS)
+    assert '| model | seeds | epoch 5 | epoch 10 | last 5 epochs (points) | epoch chosen, by seed |' in table
+    # epoch 5: means of 84 and 88; epoch 10: of 89 and 98; the last five epochs add 7.5 on average
+    assert '| DSA-MoE (small) | 2 | 86.00 | 93.50 | +7.50 | 10, 9 |' in table and 'enc64' not in table
+    assert zoo_tables.curve_table(tmp_path / 'nothing', zoo_run.ZOO_CELLS).startswith('not measured yet')
+
+
 def test_the_plot_draws_every_measured_model(tmp_path):
     results = tmp_path / 'results'
     _zoo_run(results / 'dsa_moe_small' / 'seed0', 0, [90.0, 92.0], [91.0, 92.0])

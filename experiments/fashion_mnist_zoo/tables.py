@@ -128,6 +128,28 @@ def zoo_rows(results: pathlib.Path, cells: Dict[str, object], cost: Optional[dic
     return rows
 
 
+def curve_table(results: pathlib.Path, cells: Dict[str, object], every: int = 5) -> str:
+    """Where each zoo model's training flattened: its held-out top-1 (mean over seeds) every ``every`` epochs and
+    at the last, the gain of the last ``every`` epochs, and the epochs the held-out images chose."""
+    rows, epochs = [], 0
+    for name in cells:
+        folders = [path.parent for path in sorted((results / name).glob('seed*/summary.json'))]
+        if not folders:
+            continue
+        curves = [[record['selection_top1'] for record in _metrics(folder)] for folder in folders]
+        epochs = min(len(curve) for curve in curves)
+        means = [statistics.fmean(curve[epoch] for curve in curves) for epoch in range(epochs)]
+        shown = sorted({*range(every - 1, epochs, every), epochs - 1})
+        chosen = [json.loads((folder / 'summary.json').read_text())['best']['epoch'] for folder in folders]
+        rows.append([MODEL_NAMES[name], len(folders), *[f'{means[epoch]:.2f}' for epoch in shown],
+                     f'{means[-1] - means[max(epochs - 1 - every, 0)]:+.2f}', ', '.join(map(str, chosen))])
+    if not rows:
+        return NOT_TRAINED
+    shown = sorted({*range(every, epochs + 1, every), epochs})
+    return markdown_table(['model', 'seeds', *[f'epoch {epoch}' for epoch in shown],
+                           f'last {every} epochs (points)', 'epoch chosen, by seed'], rows)
+
+
 def _millions(value: Optional[float], digits: int = 2) -> str:
     return '' if value is None else f'{value / 1e6:.{digits}f}'
 
@@ -255,7 +277,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     cost_path = results / 'cost.json'
     rows = zoo_rows(results, run.ZOO_CELLS, json.loads(cost_path.read_text()) if cost_path.exists() else None)
     return {'search': search_table(results, run.CELLS), 'provenance': provenance_table(results),
-            'length': length_table(results, run.SEARCHED_AS),
+            'length': length_table(results, run.SEARCHED_AS), 'curve': curve_table(results, run.ZOO_CELLS),
             'zoo': zoo_table(rows) if rows else f'{NOT_TRAINED} (`run.py --only ZOO_CELL`)',
             'reader_table': reader_table(rows) if rows else NOT_TRAINED,
             'headline': headline(rows), 'short': short(rows), 'target': target(rows),
