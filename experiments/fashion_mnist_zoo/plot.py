@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Draw results/accuracy_vs_macs.png: every zoo model's test top-1 (mean over seeds, the 95% interval as a bar)
 against its multiply-adds per image (``results/cost.json``, log scale); a recursive model is a curve through its
-steps 1..T (a forward stopped after each step), its deployed exit ringed.
+steps 1..T (a forward stopped after each step), its deployed exit ringed; the target top-1 a dashed line.
 
     experiments/fashion_mnist_zoo/plot.py [RESULTS]
 """
@@ -38,16 +38,18 @@ def main(argv=None) -> int:
     for row in rows:
         mean, half = mean_interval(row['top1'])
         macs = row['cost']['macs'] / 1e6
+        name = tables.MODEL_NAMES[row['cell']]
         if 'gain' in row:
             per_step = row['top1_per_step']
             steps_macs = [m / 1e6 for m in row['cost']['macs_per_step']]
-            line, = ax.plot(steps_macs, per_step, '.-', label=f'{row["cell"]} (steps 1..{row["num_steps"]})')
+            line, = ax.plot(steps_macs, per_step, '.-', label=f'{name} (steps 1..{row["num_steps"]})')
             exit_at = row['exit_steps'] - 1
             ax.plot(steps_macs[exit_at], per_step[exit_at], 'o', mfc='none', ms=11, color=line.get_color())
         else:
-            ax.plot(macs, mean, 's', label=row['cell'])
+            ax.plot(macs, mean, 's', label=name)
         if not math.isnan(half):
             ax.errorbar(macs, mean, yerr=half, color='gray', capsize=3, lw=1)
+    ax.axhline(tables.TARGET, ls='--', lw=0.8, color='gray', label=f'target {tables.TARGET}%')
     ax.set_xscale('log')
     ax.set_xlabel('multiply-adds per 28 px image (M, log scale)')
     ax.set_ylabel('FashionMNIST test top-1 (%)')
