@@ -24,7 +24,9 @@ def test_every_cell_holds_out_images_changes_a_lever_and_names_its_output_from_t
 
 def _record(folder: pathlib.Path, held_out, seed=0):
     folder.mkdir(parents=True)
-    lines = [json.dumps({'epoch': i + 1, 'selection_top1': v}) for i, v in enumerate(held_out)]
+    # step 1 a point below the last step, as a record's per-step held-out top-1
+    lines = [json.dumps({'epoch': i + 1, 'selection_top1': v, 'selection_top1_per_step': [v - 1, v]})
+             for i, v in enumerate(held_out)]
     (folder / 'metrics.jsonl').write_text('\n'.join(lines) + '\n')
     (folder / 'summary.json').write_text(json.dumps({
         'seed': seed, 'wall_time_s': 600., 'commit': 'a' * 40, 'dirty': False, 'date': '2026-12-06T00:00:00Z',
@@ -40,8 +42,8 @@ def test_the_search_table_reads_the_last_held_out_epoch_against_the_references_s
     _record(tmp_path / 'results' / 'search_reprob' / 'seed0', [92.5, 90.5])  # read at the last epoch, not the best
     table = zoo_tables.search_table(tmp_path / 'results', zoo_run.CELLS, reference)
     assert '| reference | ' in table and '| 3 | 91.50 (seeds 91.00 to 92.00) |' in table
-    assert '| `search_enc64` | `encoder_chans=(64,128,256)` | 1 | 93.00 | +1.50 | 10 |' in table
-    assert '| `search_reprob` | `--reprob 0.25` | 1 | 90.50 | -1.00 | 10 |' in table
+    assert '| `search_enc64` | `encoder_chans=(64,128,256)` | 1 | 93.00 | +1.50 | +1.00 | 10 |' in table
+    assert '| `search_reprob` | `--reprob 0.25` | 1 | 90.50 | -1.00 | +1.00 | 10 |' in table
     assert 'search_crop_pad2' not in table  # not run yet
     provenance = zoo_tables.provenance_table(tmp_path / 'results')
     assert '--output runs/fashion_mnist_zoo/x/seed0 --resume' in provenance and '/somewhere' not in provenance
