@@ -223,6 +223,28 @@ def reader_table(rows: List[dict]) -> str:
                            'multiply-adds per image (M)', 'inference images/s', 'training images/s'], table)
 
 
+def against_others(rows: List[dict], flagship: str = 'dsa_moe_small') -> str:
+    """The flagship's test top-1 minus each other model's (Welch's interval once both have two seeds or more) and
+    its multiply-adds as a multiple of theirs, in a README sentence."""
+    found = {row['cell']: row for row in rows}
+    if flagship not in found:
+        return FLAGSHIP_NOT_TRAINED
+    a = found[flagship]
+    parts = []
+    for row in rows:
+        if row['cell'] == flagship:
+            continue
+        difference, half = difference_interval(a['top1'], row['top1'])
+        shown = (f'{difference:+.2f} points (no interval: one seed)' if math.isnan(half)
+                 else f'{format_interval(difference, half, signed=True)} points')
+        if a['cost'] and row['cost']:
+            shown += f' at {a["cost"]["macs"] / row["cost"]["macs"]:.2f}x its multiply-adds'
+        parts.append(f'{MODEL_NAMES[row["cell"]]} {shown}')
+    if not parts:
+        return f'{MODEL_NAMES[flagship]}: no other model has finished a run'
+    return f'{MODEL_NAMES[flagship]} minus ' + '; minus '.join(parts)
+
+
 def _percent(values: List[float], interval: bool = True) -> str:
     """The mean top-1 as a percentage, with its interval over seeds when asked and there are two or more."""
     mean, half = mean_interval(values)
@@ -282,4 +304,5 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
             'zoo': zoo_table(rows) if rows else f'{NOT_TRAINED} (`run.py --only ZOO_CELL`)',
             'reader_table': reader_table(rows) if rows else NOT_TRAINED,
             'headline': headline(rows), 'short': short(rows), 'target': target(rows),
+            'against_others': against_others(rows),
             'efficiency_claim': efficiency_claim(rows)}
