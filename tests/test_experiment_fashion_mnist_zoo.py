@@ -145,11 +145,28 @@ def test_the_length_check_reads_each_lever_against_the_reference_of_its_own_leng
     assert zoo_tables.length_table(results, zoo_run.SEARCHED_AS, reference).startswith('not measured yet')
     _record(results / 'search_enc64' / 'seed0', [85.0, 92.0])
     _record(results / 'length_reference' / 'seed0', [80.0, 90.0, 92.5])
-    _record(results / 'length_enc64' / 'seed0', [80.0, 91.0, 93.5])
+    _record(results / 'dsa_moe_small' / 'seed0', [80.0, 91.0, 93.5])
     table = zoo_tables.length_table(results, zoo_run.SEARCHED_AS, reference)
     assert 'held-out top-1, 3 epochs (%)' in table
-    assert '| `search_enc64`, `length_enc64` | 92.00 | +0.50 | 93.50 | +1.00 |' in table
+    assert '| `search_enc64`, `dsa_moe_small` | 92.00 | +0.50 | 93.50 | +1.00 |' in table
     assert 'length_reprob' not in table  # not run
+
+
+def test_the_small_dsa_moe_is_the_reference_with_the_wider_encoder_so_its_seed0_is_that_levers_long_run():
+    import timm
+    import torch
+
+    import timm_recursive  # noqa: F401
+
+    reference, lever = zoo_run.CELLS['length_reference'], zoo_run.CELLS['search_enc64']
+    assert reference.recipe == zoo_run.ZOO_CELLS['dsa_moe_small'].recipe and not reference.train_args
+    kwargs = dict(num_steps=8, encoder_chans=(64, 128, 256))  # the reference's steps, the lever's encoder
+    assert set(reference.kwargs) | set(lever.kwargs) == {'num_steps=8', 'encoder_chans=(64,128,256)'}
+    torch.manual_seed(0)
+    small = timm.create_model(zoo_run.ZOO_CELLS['dsa_moe_small'].model).state_dict()
+    torch.manual_seed(0)
+    tiny = timm.create_model(reference.model, **kwargs).state_dict()
+    assert small.keys() == tiny.keys() and all(torch.equal(small[k], tiny[k]) for k in small)
 
 
 def test_cost_builds_each_model_as_its_command_does_and_measures_it():

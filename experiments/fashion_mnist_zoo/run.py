@@ -51,13 +51,14 @@ SEARCH = (
          seeds=(0,)),
 )
 # do the 10-epoch search runs rank levers as runs of the zoo's length do? The reference, the lever kept and the one
-# that lost most, trained by the zoo's recipe (its epochs), each read against the reference at the same length
+# that lost most, trained by the zoo's recipe (its epochs), each read against the reference at the same length. The
+# lever kept needs no run of its own: the small DSA-MoE is the reference with the wider encoder (the same weights
+# from the same seed), so its seed 0 is that lever at the zoo's length
 LENGTH_CHECK = (
     Cell('length_reference', TINY, STEPS8, 'zoo', seeds=(0,)),
-    Cell('length_enc64', TINY, STEPS8 + ('encoder_chans=(64,128,256)',), 'zoo', seeds=(0,)),
     Cell('length_reprob', TINY, STEPS8, 'zoo', seeds=(0,), train_args=('--reprob', '0.25')),
 )
-SEARCHED_AS = {'length_enc64': 'search_enc64', 'length_reprob': 'search_reprob'}  # the same lever, 10 epochs
+SEARCHED_AS = {'dsa_moe_small': 'search_enc64', 'length_reprob': 'search_reprob'}  # the same lever, 10 epochs
 
 # timm's own models on 28 px single-channel images, built by the training command's --in-chans and --img-size
 ON_28_PX = ('--in-chans', '1', '--img-size', '28')
