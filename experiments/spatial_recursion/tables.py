@@ -7,7 +7,6 @@ DSA's sparse path computes only the selected keys' products).
 """
 import functools
 import json
-import math
 import pathlib
 import statistics
 from typing import Dict, List
