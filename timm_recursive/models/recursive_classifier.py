@@ -813,8 +813,8 @@ default_cfgs = generate_default_cfgs({
 _CIFAR_ARGS = dict(embed_dim=512, depth=4, num_heads=8, encoder_chans=(64, 128, 256), num_steps=16, topk=6)
 # a CPU-trainable size of the same design
 _TINY_ARGS = dict(embed_dim=128, depth=2, num_heads=4, encoder_chans=(32, 64, 128), num_steps=16, topk=6)
-# between the two, for FashionMNIST on a CPU (experiments/fashion_mnist_zoo): the source's encoder, which its held-out
-# images preferred to the tiny one, 8 steps; the tiny's width, which they preferred to 192
+# between the two, for FashionMNIST on a CPU (experiments/fashion_mnist_zoo): the cifar size's encoder, which the
+# held-out images preferred to the tiny one's; 8 steps; the tiny's width (a width of 192 did not do better there)
 _SMALL_ARGS = dict(embed_dim=128, depth=2, num_heads=4, encoder_chans=(64, 128, 256), num_steps=8, topk=6)
 
 
