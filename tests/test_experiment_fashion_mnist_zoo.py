@@ -127,6 +127,17 @@ def test_the_curve_shows_where_each_models_held_out_top1_flattened(tmp_path):
     assert zoo_tables.curve_table(tmp_path / 'nothing', zoo_run.ZOO_CELLS).startswith('not measured yet')
 
 
+def test_the_published_table_lists_each_checked_checkpoint_with_its_reloaded_test_top1(tmp_path):
+    assert zoo_tables.published_table(tmp_path).startswith('none yet')
+    folder = tmp_path / 'checkpoints' / 'recursive_dsa_moe_small.fashion_mnist'
+    folder.mkdir(parents=True)
+    (folder / 'check.json').write_text(json.dumps({
+        'model': 'recursive_dsa_moe_small.fashion_mnist', 'cell': 'dsa_moe_small', 'seed': 2, 'epoch': 19,
+        'held_out_top1': 92.7833, 'test_top1_per_step': [92.39, 92.42]}))
+    assert ('| `recursive_dsa_moe_small.fashion_mnist` | `dsa_moe_small` | 2 | 19 | 92.78 | 92.42 |'
+            in zoo_tables.published_table(tmp_path))
+
+
 def test_the_plot_draws_every_measured_model(tmp_path):
     results = tmp_path / 'results'
     _zoo_run(results / 'dsa_moe_small' / 'seed0', 0, [90.0, 92.0], [91.0, 92.0])

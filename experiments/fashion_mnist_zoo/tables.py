@@ -151,6 +151,20 @@ def curve_table(results: pathlib.Path, cells: Dict[str, object], every: int = 5)
                            f'last {every} epochs (points)', 'epoch chosen, by seed'], rows)
 
 
+def published_table(results: pathlib.Path) -> str:
+    """The published checkpoints (``checkpoints.py``'s ``check.json``): which run each comes from, and the test top-1
+    its weights gave when reloaded from the file, equal to the run's record at every step or it was not published."""
+    rows = []
+    for path in sorted((results / 'checkpoints').glob('*/check.json')):
+        check = json.loads(path.read_text())
+        rows.append([f'`{check["model"]}`', f'`{check["cell"]}`', check['seed'], check['epoch'],
+                     f'{check["held_out_top1"]:.2f}', f'{check["test_top1_per_step"][-1]:.2f}'])
+    if not rows:
+        return 'none yet: `checkpoints.py` publishes a run once it has landed'
+    return markdown_table(['checkpoint', 'cell', 'seed', 'epoch', 'held-out top-1 (%)',
+                           'test top-1 reloaded from the file (%)'], rows)
+
+
 def _millions(value: Optional[float], digits: int = 2) -> str:
     return '' if value is None else f'{value / 1e6:.{digits}f}'
 
@@ -305,4 +319,5 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
             'reader_table': reader_table(rows) if rows else NOT_TRAINED,
             'headline': headline(rows), 'short': short(rows), 'target': target(rows),
             'against_others': against_others(rows),
+            'published': published_table(results),
             'efficiency_claim': efficiency_claim(rows)}
