@@ -124,6 +124,15 @@ def test_the_curve_shows_where_each_models_held_out_top1_flattened(tmp_path):
     assert '| model | seeds | epoch 5 | epoch 10 | last 5 epochs (points) | epoch chosen, by seed |' in table
     # epoch 5: means of 84 and 88; epoch 10: of 89 and 98; the last five epochs add 7.5 on average
     assert '| DSA-MoE (small) | 2 | 86.00 | 93.50 | +7.50 | 10, 9 |' in table and 'enc64' not in table
+    # a longer run shares the columns: the shorter runs' cells past their last epoch stay empty
+    folder = results / 'dsa_moe_small_40_epochs' / 'seed0'
+    _record(folder, [80.0 + epoch / 2 for epoch in range(12)])
+    summary = json.loads((folder / 'summary.json').read_text())
+    (folder / 'summary.json').write_text(json.dumps({**summary, 'best': {'epoch': 12}}))
+    table = zoo_tables.curve_table(results, {**zoo_run.ZOO_CELLS, **zoo_run.LONGER_CELLS})
+    assert '| epoch 5 | epoch 10 | epoch 12 | last 5 epochs (points) |' in table
+    assert '| DSA-MoE (small) | 2 | 86.00 | 93.50 |  | +7.50 | 10, 9 |' in table
+    assert '| DSA-MoE (small), 40 epochs | 1 | 82.00 | 84.50 | 85.50 | +2.50 | 12 |' in table
     assert zoo_tables.curve_table(tmp_path / 'nothing', zoo_run.ZOO_CELLS).startswith('not measured yet')
 
 

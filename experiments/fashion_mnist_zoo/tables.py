@@ -130,23 +130,25 @@ def zoo_rows(results: pathlib.Path, cells: Dict[str, object], cost: Optional[dic
 
 
 def curve_table(results: pathlib.Path, cells: Dict[str, object], every: int = 5) -> str:
-    """Where each zoo model's training flattened: its held-out top-1 (mean over seeds) every ``every`` epochs and
-    at the last, the gain of the last ``every`` epochs, and the epochs the held-out images chose."""
-    rows, epochs = [], 0
+    """Where each model's training flattened: its held-out top-1 (mean over seeds) every ``every`` epochs and at its
+    last, the gain of its last ``every`` epochs, and the epochs the held-out images chose. Runs of other lengths
+    share the columns, each filled up to its own last epoch."""
+    curves_by_row = {}
     for name in cells:
         folders = [path.parent for path in sorted((results / name).glob('seed*/summary.json'))]
-        if not folders:
-            continue
-        curves = [[record['selection_top1'] for record in _metrics(folder)] for folder in folders]
-        epochs = min(len(curve) for curve in curves)
-        means = [statistics.fmean(curve[epoch] for curve in curves) for epoch in range(epochs)]
-        shown = sorted({*range(every - 1, epochs, every), epochs - 1})
-        chosen = [json.loads((folder / 'summary.json').read_text())['best']['epoch'] for folder in folders]
-        rows.append([MODEL_NAMES[name], len(folders), *[f'{means[epoch]:.2f}' for epoch in shown],
-                     f'{means[-1] - means[max(epochs - 1 - every, 0)]:+.2f}', ', '.join(map(str, chosen))])
-    if not rows:
+        if folders:
+            curves_by_row[name] = folders, [[r['selection_top1'] for r in _metrics(folder)] for folder in folders]
+    if not curves_by_row:
         return NOT_TRAINED
-    shown = sorted({*range(every, epochs + 1, every), epochs})
+    lengths = {name: min(len(curve) for curve in curves) for name, (_, curves) in curves_by_row.items()}
+    shown = sorted({epoch for n in lengths.values() for epoch in (*range(every, n + 1, every), n)})
+    rows = []
+    for name, (folders, curves) in curves_by_row.items():
+        means = [statistics.fmean(curve[epoch] for curve in curves) for epoch in range(lengths[name])]
+        chosen = [json.loads((folder / 'summary.json').read_text())['best']['epoch'] for folder in folders]
+        rows.append([MODEL_NAMES[name], len(folders),
+                     *[f'{means[epoch - 1]:.2f}' if epoch <= len(means) else '' for epoch in shown],
+                     f'{means[-1] - means[max(len(means) - 1 - every, 0)]:+.2f}', ', '.join(map(str, chosen))])
     return markdown_table(['model', 'seeds', *[f'epoch {epoch}' for epoch in shown],
                            f'last {every} epochs (points)', 'epoch chosen, by seed'], rows)
 
@@ -220,6 +222,7 @@ def efficiency_claim(rows: List[dict], sparse: str = 'dsa_moe_small', dense: str
 MODEL_NAMES = {
     'dsa_moe_small': 'DSA-MoE (small)', 'sa_moe_small': 'SA-MoE (small)', 'sa_mlp_small': 'SA-MLP (small)',
     'resnet18': 'ResNet-18', 'mobilenetv3_large_100': 'MobileNetV3-Large', 'vit_tiny_patch4': 'ViT-Ti, 4 px patches',
+    'dsa_moe_small_40_epochs': 'DSA-MoE (small), 40 epochs',
 }
 NOT_TRAINED = 'not measured yet: no zoo run has finished'
 FLAGSHIP_NOT_TRAINED = 'not measured yet: the small DSA-MoE has not finished a run'
@@ -314,7 +317,8 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     cost_path = results / 'cost.json'
     rows = zoo_rows(results, run.ZOO_CELLS, json.loads(cost_path.read_text()) if cost_path.exists() else None)
     return {'search': search_table(results, run.CELLS), 'provenance': provenance_table(results),
-            'length': length_table(results, run.SEARCHED_AS), 'curve': curve_table(results, run.ZOO_CELLS),
+            'length': length_table(results, run.SEARCHED_AS),
+            'curve': curve_table(results, {**run.ZOO_CELLS, **run.LONGER_CELLS}),
             'zoo': zoo_table(rows) if rows else f'{NOT_TRAINED} (`run.py --only ZOO_CELL`)',
             'reader_table': reader_table(rows) if rows else NOT_TRAINED,
             'headline': headline(rows), 'short': short(rows), 'target': target(rows),
