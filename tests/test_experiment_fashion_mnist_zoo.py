@@ -91,11 +91,15 @@ def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_o
     assert '| `resnet18` | 1 | 94.00 (one seed) |  |  |  |  |  |  |  |  | 2.0 |' in table  # cost not measured
     # the README's pieces: short cells, names a reader knows, the flagship first
     assert zoo_tables.short(rows) == ('DSA-MoE (small) 93.00% (86.65 to 99.35) top-1, 2 seeds; '
-                                      'ResNet-18 94.00% by the same recipe')
+                                      'SA-MLP (small) 92.50%, ResNet-18 94.00% by the same recipe')
     assert zoo_tables.headline(rows).startswith(
         'test top-1 DSA-MoE (small) 93.00% (86.65 to 99.35) (2 seeds), SA-MLP (small) 92.50% (86.15 to 98.85) '
         '(2 seeds), ResNet-18 94.00% (one seed)')
-    assert '| DSA-MoE (small) | 2 | 93.00 (86.65 to 99.35) | 1.20 | 54.3 | 259 | 120 |' in zoo_tables.reader_table(rows)
+    reader = zoo_tables.reader_table(rows, zoo_run.ZOO_CELLS, {'models': {
+        **cost['models'], 'mobilenetv3_large_100': {'params': 4.2e6, 'macs': 6.8e6, 'inference_b1_images_per_s': 70.}}})
+    assert '| DSA-MoE (small) | 2 | 93.00 (86.65 to 99.35) | 1.20 | 54.3 | 22 | 259 | 120 |' in reader
+    # a model cost.py measured but not yet trained is listed as such; one neither trained nor measured is not
+    assert '| MobileNetV3-Large | 0 | not trained yet | 4.20 | 6.8 | 70 |  |  |' in reader and 'ViT' not in reader
     assert zoo_tables.short(rows[1:]).startswith('not measured yet') and zoo_tables.short([]).startswith('not measured')
     assert zoo_tables.target(rows) == ('DSA-MoE (small) 93.00% (86.65 to 99.35) test top-1 over 2 seeds: target 92.5% '
                                        '(the source reports 92.3%, stretch 93.5%) reached so far (2 of 3 seeds)')
@@ -108,7 +112,11 @@ def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_o
     claim = zoo_tables.efficiency_claim(rows)
     assert claim.startswith('DSA-MoE minus SA-MLP test top-1 +0.50 (')
     assert claim.endswith('block multiply-adds per token 0.53x, training images/s 1.20x; the convolutional encoder, '
-                          "the same in both, is 60% of SA-MLP's multiply-adds and 84% of DSA-MoE's")
+                          "the same in both, is 60% of SA-MLP's multiply-adds and 84% of DSA-MoE's. The claim's three "
+                          "bounds: accuracy within SA-MLP's interval or above it, met; block multiply-adds at most "
+                          '0.6x, met; training images/s at least 1.5x, not met')
+    one_dense_seed = [rows[0], {**rows[1], 'top1': [92.0], 'seeds': 1}]
+    assert "or above it, not decided until SA-MLP has two seeds;" in zoo_tables.efficiency_claim(one_dense_seed)
     assert zoo_tables.efficiency_claim(rows[1:]).startswith('not measured yet')
 
 
