@@ -328,8 +328,8 @@ def target(rows: List[dict], seeds: int = 3) -> str:
     row = found['dsa_moe_small']
     mean = statistics.fmean(row['top1'])
     verdict = ('the stretch goal reached' if mean >= STRETCH else 'reached' if mean >= TARGET else 'not reached')
-    text = (f'DSA-MoE (small) {_percent(row["top1"])} test top-1 over {_seeds(row)}: target {TARGET}% (the source '
-            f'reports {SOURCE}%, stretch {STRETCH}%) {verdict}')
+    text = (f'DSA-MoE (small) {_percent(row["top1"])} test top-1 over {_seeds(row)}: target {TARGET}%, '
+            f'the small CNN\'s (the source reports {SOURCE}%; a stretch goal of {STRETCH}%), {verdict}')
     return text if row['seeds'] >= seeds else f'{text} so far ({row["seeds"]} of {seeds} seeds)'
 
 
