@@ -106,12 +106,12 @@ def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_o
         'reports 92.3%; a stretch goal of 93.5%), reached so far (2 of 3 seeds)')
     # two seeds against two: Welch's interval; against one seed: none; multiply-adds only where both are measured
     assert zoo_tables.against_others(rows) == (
-        'DSA-MoE (small) minus SA-MLP (small) +0.50 (-2.54 to +3.54) points at 0.72x its multiply-adds; '
-        'minus ResNet-18 -1.00 points (no interval: one seed)')
+        'DSA-MoE (small) minus SA-MLP (small) +0.50 points (-2.54 to +3.54) at 0.72x its multiply-adds; '
+        'minus ResNet-18 -1.00 points (one run: no interval)')
     assert zoo_tables.against_others(rows[:1]) == 'DSA-MoE (small): no other model has finished a run'
     assert zoo_tables.against_others(rows[1:]).startswith('not measured yet')
     claim = zoo_tables.efficiency_claim(rows)
-    assert claim.startswith('DSA-MoE minus SA-MLP test top-1 +0.50 (')
+    assert claim.startswith('DSA-MoE minus SA-MLP test top-1 +0.50 points (-2.54 to +3.54);')
     assert claim.endswith('block multiply-adds per token 0.53x, training images/s 1.20x; the convolutional encoder, '
                           "the same in both, is 60% of SA-MLP's multiply-adds and 84% of DSA-MoE's. The claim's three "
                           "bounds: accuracy within SA-MLP's interval or above it, met; block multiply-adds at most "

@@ -206,7 +206,7 @@ def efficiency_claim(rows: List[dict], sparse: str = 'dsa_moe_small', dense: str
         return f'not measured yet: `{sparse}` and `{dense}` have not both finished a run'
     a, b = found[sparse], found[dense]
     difference, half = difference_interval(a['top1'], b['top1'])
-    text = f'DSA-MoE minus SA-MLP test top-1 {format_interval(difference, half, signed=True)} points'
+    text = f'DSA-MoE minus SA-MLP test top-1 {format_interval(difference, half, signed=True, unit=" points")}'
     if a['cost'] and b['cost']:
         block = a['cost']['block_macs_per_token'] / b['cost']['block_macs_per_token']
         training = a['cost']['train_b128_images_per_s'] / b['cost']['train_b128_images_per_s']
@@ -273,8 +273,7 @@ def against_others(rows: List[dict], flagship: str = 'dsa_moe_small') -> str:
         if row['cell'] == flagship:
             continue
         difference, half = difference_interval(a['top1'], row['top1'])
-        shown = (f'{difference:+.2f} points (no interval: one seed)' if math.isnan(half)
-                 else f'{format_interval(difference, half, signed=True)} points')
+        shown = format_interval(difference, half, signed=True, unit=' points')
         if a['cost'] and row['cost']:
             shown += f' at {a["cost"]["macs"] / row["cost"]["macs"]:.2f}x its multiply-adds'
         parts.append(f'{MODEL_NAMES[row["cell"]]} {shown}')
