@@ -215,6 +215,10 @@ def efficiency_claim(rows: List[dict], sparse: str = 'dsa_moe_small', dense: str
             share = {row['cell']: row['cost']['encoder_macs'] / row['cost']['macs'] for row in (a, b)}
             text += (f'; the convolutional encoder, the same in both, is {share[dense]:.0%} of SA-MLP\'s '
                      f'multiply-adds and {share[sparse]:.0%} of DSA-MoE\'s')
+        # the speed the multiply-adds allow: a training step whose time followed them would run 1/ratio as fast
+        whole = a['cost']['macs'] / b['cost']['macs']
+        text += (f'; the whole model is {whole:.2f}x SA-MLP\'s multiply-adds per image, so a training step whose '
+                 f'time followed them would run {1 / whole:.2f}x as fast')
         dense_mean, dense_half = mean_interval(b['top1'])
         accuracy = ('not decided until SA-MLP has two seeds' if math.isnan(dense_half)
                     else _met(statistics.fmean(a['top1']) >= dense_mean - dense_half))
