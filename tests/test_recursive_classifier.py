@@ -79,6 +79,21 @@ def test_shapes_and_steps(attn, ffn, num_steps):
     assert aux.shape == () and (aux.item() == 0.) == (ffn == 'mlp')
 
 
+@pytest.mark.parametrize('attn,ffn', [('dense', 'mlp'), ('dsa', 'moe')])
+@pytest.mark.parametrize('y_embed', ['hard', 'soft'])
+def test_fewer_steps_from_the_same_weights_give_the_first_steps_logits(attn, ffn, y_embed):
+    # a step reads only earlier steps and the weights are shared, so a trained model is deployed at a shallower
+    # exit by building it with fewer steps and loading the same state dict
+    torch.manual_seed(0)
+    full = _tiny(attn=attn, ffn=ffn, num_steps=6, topk=3, y_embed=y_embed)
+    short = _tiny(attn=attn, ffn=ffn, num_steps=2, topk=3, y_embed=y_embed)
+    short.load_state_dict(full.state_dict())
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(short.forward_steps(x)[0], full.forward_steps(x)[0][:2], rtol=0, atol=0)
+        torch.testing.assert_close(short(x), full.forward_steps(x)[0][1], rtol=0, atol=0)
+
+
 def test_history_grows_by_one_latent_per_step():
     from timm_recursive.models.recursive_classifier import (
         ROLE_SLOTS,

@@ -61,9 +61,10 @@ def best_seed(cell_dir: pathlib.Path) -> pathlib.Path:
     return max(summaries, key=lambda path: json.loads(path.read_text())['best']['selection_top1']).parent
 
 
-def load_published(name: str, weights: pathlib.Path) -> torch.nn.Module:
-    """``name`` with ``weights`` as its pretrained file, exactly as a user loads a downloaded checkpoint."""
-    return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(weights))).eval()
+def load_published(name: str, weights: pathlib.Path, **kwargs) -> torch.nn.Module:
+    """``name`` with ``weights`` as its pretrained file, exactly as a user loads a downloaded checkpoint
+    (``kwargs``: as a user passes them, ``num_steps=2`` for a shallower exit)."""
+    return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(weights)), **kwargs).eval()
 
 
 def step_hits(model: torch.nn.Module, splits, batch_size: int = 250) -> torch.Tensor:
