@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository's tools/
 from timm_recursive.analysis.intervals import mean_interval  # noqa: E402
@@ -51,6 +52,10 @@ def main(argv=None) -> int:
             ax.errorbar(macs, mean, yerr=half, color='gray', capsize=3, lw=1)
     ax.axhline(tables.TARGET, ls='--', lw=0.8, color='gray', label=f'target {tables.TARGET}%')
     ax.set_xscale('log')
+    # plain numbers at 1-2-5 steps: the default log labels read 2 x 10^1 for 20
+    ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1., 2., 5.)))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f'{value:g}'))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
     ax.set_xlabel('multiply-adds per 28 px image (M, log scale)')
     ax.set_ylabel('FashionMNIST test top-1 (%)')
     ax.set_title('accuracy against cost (rings: the deployed exit)')
