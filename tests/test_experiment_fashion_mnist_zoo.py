@@ -293,10 +293,11 @@ def test_a_published_checkpoint_loaded_by_its_file_gives_its_runs_test_figures(c
     summary = json.loads((STUDY / 'results' / record['cell'] / f'seed{record["seed"]}' / 'summary.json').read_text())
     assert record['test_top1_per_step'] == summary['test']['exported']['top1_per_step']
     model = zoo_checkpoints.load_published(record['model'], check.parent / 'model.safetensors')
-    hits = zoo_checkpoints.step_hits(model, slice_splits())
+    splits = slice_splits()
+    hits = zoo_checkpoints.step_hits(model, splits)
     expected = torch.tensor([[hit == '1' for hit in image] for image in record['slice_hits']])
     assert (hits != expected).any(1).sum() <= 1  # a near tie may fall the other way on another CPU
     assert zoo_checkpoints.top1_per_step(hits)[-1] == pytest.approx(record['slice_top1_per_step'][-1], abs=0.2)
     # the same file built with fewer steps, as a user deploys a shallower exit, gives those steps' predictions
     shallow = zoo_checkpoints.load_published(record['model'], check.parent / 'model.safetensors', num_steps=2)
-    assert torch.equal(zoo_checkpoints.step_hits(shallow, slice_splits()), hits[:, :2])
+    assert torch.equal(zoo_checkpoints.step_hits(shallow, splits), hits[:, :2])

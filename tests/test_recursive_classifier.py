@@ -90,8 +90,9 @@ def test_fewer_steps_from_the_same_weights_give_the_first_steps_logits(attn, ffn
     short.load_state_dict(full.state_dict())
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
-        torch.testing.assert_close(short.forward_steps(x)[0], full.forward_steps(x)[0][:2], rtol=0, atol=0)
-        torch.testing.assert_close(short(x), full.forward_steps(x)[0][1], rtol=0, atol=0)
+        full_steps = full.forward_steps(x)[0]
+        torch.testing.assert_close(short.forward_steps(x)[0], full_steps[:2], rtol=0, atol=0)
+        torch.testing.assert_close(short(x), full_steps[1], rtol=0, atol=0)
 
 
 def test_history_grows_by_one_latent_per_step():
