@@ -146,6 +146,63 @@ def test_the_curve_shows_where_each_models_held_out_top1_flattened(tmp_path):
     assert zoo_tables.curve_table(tmp_path / 'nothing', zoo_run.ZOO_CELLS).startswith('not measured yet')
 
 
+def test_the_curve_reading_names_the_models_still_rising_and_how_late_each_run_chose(tmp_path):
+    results = tmp_path / 'results'
+    for cell, curve, chosen in (('dsa_moe_small', [80.0 + epoch for epoch in range(10)], 10),
+                                ('sa_mlp_small', [90.0] * 5 + [91.0, 90.5, 90.4, 90.3, 90.2], 6),
+                                ('resnet18', [85.0 + epoch / 10 for epoch in range(10)], 9)):
+        folder = results / cell / 'seed0'
+        _record(folder, curve)
+        summary = json.loads((folder / 'summary.json').read_text())
+        (folder / 'summary.json').write_text(json.dumps({**summary, 'best': {'epoch': chosen}}))
+    # SA-MLP peaked at epoch 6 and fell back to 0.2 above its epoch 5; DSA-MoE +5 and ResNet +0.5 still rising
+    assert zoo_tables.curve_reading(results, zoo_run.ZOO_CELLS) == (
+        "every model's held-out top-1 still rose over its last 5 epochs (+0.20 to +5.00 points); in each of the 3 "
+        "runs the held-out images chose one of the run's last 5 epochs (the last one in 1 run)")
+    folder = results / 'sa_mlp_small' / 'seed0'
+    falling = [90.0] * 5 + [91.0, 90.5, 90.0, 89.5, 89.0]  # ends below its epoch 5: not rising
+    (folder / 'metrics.jsonl').write_text(''.join(json.dumps({'epoch': i + 1, 'selection_top1': v}) + '\n'
+                                                  for i, v in enumerate(falling)))
+    assert zoo_tables.curve_reading(results, zoo_run.ZOO_CELLS).startswith(
+        'held-out top-1 still rose over the last 5 epochs for DSA-MoE (small), ResNet-18 (+0.50 to +5.00 points);')
+    assert zoo_tables.curve_reading(tmp_path / 'nothing', zoo_run.ZOO_CELLS).startswith('not measured yet')
+
+
+def _stepped_run(folder: pathlib.Path, seed: int, epoch: int, test_per_step, first_to_last, held_out_per_step):
+    """A recursive run exported at ``epoch`` of 3: its test figures there in both records."""
+    folder.mkdir(parents=True)
+    lines = [{'epoch': e, 'selection_top1': 90.0, 'eval_top1_per_step': test_per_step if e == epoch else [0.0] * 2,
+              'eval_first_to_last': first_to_last if e == epoch else [50.0, 0.0]} for e in (1, 2, 3)]
+    (folder / 'metrics.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in lines))
+    (folder / 'summary.json').write_text(json.dumps({
+        'seed': seed, 'eval_images': 10000, 'best': {'epoch': epoch, 'selection_top1_per_step': held_out_per_step},
+        'test': {'exported': {'epoch': epoch, 'top1': test_per_step[-1], 'top1_per_step': test_per_step}}}))
+
+
+def test_the_steps_table_reads_each_runs_paired_gain_at_its_exported_epoch(tmp_path):
+    results = tmp_path / 'results'
+    # 1% of the images turned right and 0.5% wrong: +0.50 points, half-width 1.96 * sqrt((0.015 - 0.005^2) / 10000)
+    _stepped_run(results / 'dsa_moe_small' / 'seed0', 0, 2, [92.0, 92.5], [1.0, 0.5], [91.0, 90.0])
+    _stepped_run(results / 'sa_mlp_small' / 'seed1', 1, 3, [93.0, 93.0], [0.1, 0.1], [90.0, 91.0])
+    _zoo_run(results / 'resnet18' / 'seed0', 0, [94.0], [93.0])  # one step: not a recursive model
+    runs = zoo_tables.step_runs(results, zoo_run.ZOO_CELLS)
+    table = zoo_tables.steps_table(runs)
+    assert '| DSA-MoE (small) | 0 | 2 | 92.00 | 92.50 | +0.50 (+0.26 to +0.74) | 1.00 | 0.50 | 1 of 2 |' in table
+    assert '| SA-MLP (small) | 1 | 3 | 93.00 | 93.00 | +0.00 (-0.09 to +0.09) | 0.10 | 0.10 | 2 of 2 |' in table
+    assert 'ResNet' not in table
+    assert zoo_tables.steps_reading(runs) == (
+        'over the 2 runs of the recursive models, the last step minus step 1 is +0.00 to +0.50 points on the test '
+        'images, its paired interval covering zero in 1 of them; step 1 and the last step disagree on whether the '
+        'answer is right for at most 1.50% of the images')
+    assert zoo_tables.steps_table([]).startswith('not measured yet')
+    # a summary whose exported figures are not its records' at that epoch: records of two runs, refused
+    summary = json.loads((results / 'dsa_moe_small' / 'seed0' / 'summary.json').read_text())
+    summary['test']['exported']['top1_per_step'] = [92.0, 92.6]
+    (results / 'dsa_moe_small' / 'seed0' / 'summary.json').write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match='epoch 2 of metrics.jsonl is not the exported model'):
+        zoo_tables.step_runs(results, zoo_run.ZOO_CELLS)
+
+
 def test_the_published_table_lists_each_checked_checkpoint_with_its_reloaded_test_top1(tmp_path):
     assert zoo_tables.published_table(tmp_path).startswith('none yet')
     folder = tmp_path / 'checkpoints' / 'recursive_dsa_moe_small.fashion_mnist'

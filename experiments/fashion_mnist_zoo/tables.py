@@ -15,7 +15,7 @@ import re
 import statistics
 from typing import Dict, List, Optional
 
-from timm_recursive.analysis.intervals import difference_interval, format_interval, mean_interval
+from timm_recursive.analysis.intervals import difference_interval, format_interval, mean_interval, paired_gain
 from tools.generated_markdown import import_file, markdown_table
 
 STUDY = pathlib.Path(__file__).resolve().parent
@@ -129,28 +129,114 @@ def zoo_rows(results: pathlib.Path, cells: Dict[str, object], cost: Optional[dic
     return rows
 
 
+def step_runs(results: pathlib.Path, cells: Dict[str, object]) -> List[dict]:
+    """Each finished run of a recursive zoo model at its exported epoch: step 1's and the last step's test top-1,
+    the images the steps between corrected and regressed (from that epoch's record, whose test evaluation is the
+    exported weights'), the paired interval of their difference and the step its held-out images rank first."""
+    runs = []
+    for name in cells:
+        for folder in sorted(path.parent for path in (results / name).glob('seed*/summary.json')):
+            summary = json.loads((folder / 'summary.json').read_text())
+            exported = summary['test']['exported']
+            if len(exported.get('top1_per_step', [])) < 2:
+                break  # not a recursive model
+            record = _metrics(folder)[exported['epoch'] - 1]
+            if record['eval_top1_per_step'] != exported['top1_per_step']:
+                raise ValueError(f'{folder}: epoch {exported["epoch"]} of metrics.jsonl is not the exported model '
+                                 'its summary.json tested; the records come from different runs')
+            corrected, regressed = record['eval_first_to_last']
+            gain, half = paired_gain(corrected / 100, regressed / 100, summary['eval_images'])
+            held_out = summary['best']['selection_top1_per_step']
+            runs.append({'cell': name, 'seed': summary['seed'], 'epoch': exported['epoch'],
+                         'first': exported['top1_per_step'][0], 'last': exported['top1_per_step'][-1],
+                         'corrected': corrected, 'regressed': regressed, 'gain': 100 * gain, 'half': 100 * half,
+                         'num_steps': len(held_out), 'held_out_exit': held_out.index(max(held_out)) + 1})
+    return runs
+
+
+def steps_table(runs: List[dict]) -> str:
+    """Whether the steps after the first change a run's answers on the test images, one row a run."""
+    if not runs:
+        return NOT_TRAINED
+    rows = [[MODEL_NAMES[run['cell']], run['seed'], run['epoch'], f'{run["first"]:.2f}', f'{run["last"]:.2f}',
+             format_interval(run['gain'], run['half'], signed=True), f'{run["corrected"]:.2f}',
+             f'{run["regressed"]:.2f}', f'{run["held_out_exit"]} of {run["num_steps"]}'] for run in runs]
+    return markdown_table(['model', 'seed', 'epoch', 'step 1 (%)', 'last step (%)',
+                           'last step minus step 1 (points), paired 95% interval', 'corrected (% of images)',
+                           'regressed (% of images)', 'best step on held-out images'], rows)
+
+
+def steps_reading(runs: List[dict]) -> str:
+    """The steps table in a sentence: the spread of the runs' last-step gains, in how many the paired interval
+    covers zero, and on how many images at most step 1 and the last step differ in being right."""
+    if not runs:
+        return NOT_TRAINED
+    gains = [run['gain'] for run in runs]
+    covering = sum(abs(run['gain']) <= run['half'] for run in runs)
+    changed = max(run['corrected'] + run['regressed'] for run in runs)
+    return (f'over the {len(runs)} runs of the recursive models, the last step minus step 1 is {min(gains):+.2f} '
+            f'to {max(gains):+.2f} points on the test images, its paired interval covering zero in {covering} of '
+            f'them; step 1 and the last step disagree on whether the answer is right for at most {changed:.2f}% of '
+            'the images')
+
+
+def _mean_curves(results: pathlib.Path, cells: Dict[str, object]) -> Dict[str, tuple]:
+    """Each cell's finished runs: their folders and the mean held-out top-1 over them by epoch, up to the
+    shortest run's last epoch."""
+    found = {}
+    for name in cells:
+        folders = [path.parent for path in sorted((results / name).glob('seed*/summary.json'))]
+        if folders:
+            curves = [[r['selection_top1'] for r in _metrics(folder)] for folder in folders]
+            found[name] = folders, [statistics.fmean(epoch) for epoch in zip(*curves)]
+    return found
+
+
+def _chosen_epochs(folders: List[pathlib.Path]) -> List[int]:
+    return [json.loads((folder / 'summary.json').read_text())['best']['epoch'] for folder in folders]
+
+
+def _last_gain(means: List[float], every: int) -> float:
+    return means[-1] - means[max(len(means) - 1 - every, 0)]
+
+
 def curve_table(results: pathlib.Path, cells: Dict[str, object], every: int = 5) -> str:
     """Where each model's training flattened: its held-out top-1 (mean over seeds) every ``every`` epochs and at its
     last, the gain of its last ``every`` epochs, and the epochs the held-out images chose. Runs of other lengths
     share the columns, each filled up to its own last epoch."""
-    curves_by_row = {}
-    for name in cells:
-        folders = [path.parent for path in sorted((results / name).glob('seed*/summary.json'))]
-        if folders:
-            curves_by_row[name] = folders, [[r['selection_top1'] for r in _metrics(folder)] for folder in folders]
-    if not curves_by_row:
+    curves = _mean_curves(results, cells)
+    if not curves:
         return NOT_TRAINED
-    lengths = {name: min(len(curve) for curve in curves) for name, (_, curves) in curves_by_row.items()}
-    shown = sorted({epoch for n in lengths.values() for epoch in (*range(every, n + 1, every), n)})
-    rows = []
-    for name, (folders, curves) in curves_by_row.items():
-        means = [statistics.fmean(curve[epoch] for curve in curves) for epoch in range(lengths[name])]
-        chosen = [json.loads((folder / 'summary.json').read_text())['best']['epoch'] for folder in folders]
-        rows.append([MODEL_NAMES[name], len(folders),
-                     *[f'{means[epoch - 1]:.2f}' if epoch <= len(means) else '' for epoch in shown],
-                     f'{means[-1] - means[max(len(means) - 1 - every, 0)]:+.2f}', ', '.join(map(str, chosen))])
+    shown = sorted({epoch for _, means in curves.values() for epoch in (*range(every, len(means) + 1, every),
+                                                                         len(means))})
+    rows = [[MODEL_NAMES[name], len(folders),
+             *[f'{means[epoch - 1]:.2f}' if epoch <= len(means) else '' for epoch in shown],
+             f'{_last_gain(means, every):+.2f}', ', '.join(map(str, _chosen_epochs(folders)))]
+            for name, (folders, means) in curves.items()]
     return markdown_table(['model', 'seeds', *[f'epoch {epoch}' for epoch in shown],
                            f'last {every} epochs (points)', 'epoch chosen, by seed'], rows)
+
+
+def curve_reading(results: pathlib.Path, cells: Dict[str, object], every: int = 5) -> str:
+    """The curve table in a sentence: the models whose mean held-out top-1 still rose over their last ``every``
+    epochs, by how much, and how late in its run the held-out images chose each run's epoch."""
+    curves = _mean_curves(results, cells)
+    if not curves:
+        return NOT_TRAINED
+    gains = {name: _last_gain(means, every) for name, (_, means) in curves.items()}
+    before_end = [len(means) - epoch for folders, means in curves.values() for epoch in _chosen_epochs(folders)]
+    rising = [name for name, gain in gains.items() if gain > 0]
+    if len(rising) == len(gains):
+        text = f'every model\'s held-out top-1 still rose over its last {every} epochs'
+    else:
+        named = ', '.join(MODEL_NAMES[name] for name in rising) or 'no model'
+        text = f'held-out top-1 still rose over the last {every} epochs for {named}'
+    if rising:
+        low, high = min(gains[name] for name in rising), max(gains[name] for name in rising)
+        text += f' ({low:+.2f} to {high:+.2f} points)' if len(rising) > 1 else f' ({low:+.2f} points)'
+    return (f'{text}; in each of the {len(before_end)} runs the held-out images chose one of the run\'s last '
+            f'{max(before_end) + 1} epochs (the last one in {before_end.count(0)} '
+            f'{"run" if before_end.count(0) == 1 else "runs"})')
 
 
 def published_table(results: pathlib.Path) -> str:
@@ -341,9 +427,12 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
     cost_path = results / 'cost.json'
     cost = json.loads(cost_path.read_text()) if cost_path.exists() else None
     rows = zoo_rows(results, run.ZOO_CELLS, cost)
+    steps = step_runs(results, run.ZOO_CELLS)
     return {'search': search_table(results, run.CELLS), 'provenance': provenance_table(results),
             'length': length_table(results, run.SEARCHED_AS),
             'curve': curve_table(results, {**run.ZOO_CELLS, **run.LONGER_CELLS}),
+            'curve_reading': curve_reading(results, run.ZOO_CELLS),
+            'steps': steps_table(steps), 'steps_reading': steps_reading(steps),
             'zoo': zoo_table(rows) if rows else f'{NOT_TRAINED} (`run.py --only ZOO_CELL`)',
             'reader_table': reader_table(rows, run.ZOO_CELLS, cost),
             'headline': headline(rows), 'short': short(rows), 'target': target(rows),
