@@ -88,8 +88,13 @@ def provenance_table(results: pathlib.Path) -> str:
     return markdown_table(['cell', 'seed', 'commit', 'date', 'hardware', 'command'], rows)
 
 
+def _run_folders(results: pathlib.Path, cell: str) -> List[pathlib.Path]:
+    """The cell's finished runs (those with a ``summary.json``), in seed order."""
+    return [path.parent for path in sorted((results / cell).glob('seed*/summary.json'))]
+
+
 def _summaries(results: pathlib.Path, cell: str) -> List[dict]:
-    return [json.loads(path.read_text()) for path in sorted((results / cell).glob('seed*/summary.json'))]
+    return [json.loads((folder / 'summary.json').read_text()) for folder in _run_folders(results, cell)]
 
 
 def _interval(values: List[float], signed: bool = False) -> str:
@@ -135,7 +140,7 @@ def step_runs(results: pathlib.Path, cells: Dict[str, object]) -> List[dict]:
     exported weights'), the paired interval of their difference and the step its held-out images rank first."""
     runs = []
     for name in cells:
-        for folder in sorted(path.parent for path in (results / name).glob('seed*/summary.json')):
+        for folder in _run_folders(results, name):
             summary = json.loads((folder / 'summary.json').read_text())
             exported = summary['test']['exported']
             if len(exported.get('top1_per_step', [])) < 2:
@@ -146,11 +151,10 @@ def step_runs(results: pathlib.Path, cells: Dict[str, object]) -> List[dict]:
                                  'its summary.json tested; the records come from different runs')
             corrected, regressed = record['eval_first_to_last']
             gain, half = paired_gain(corrected / 100, regressed / 100, summary['eval_images'])
-            held_out = summary['best']['selection_top1_per_step']
             runs.append({'cell': name, 'seed': summary['seed'], 'epoch': exported['epoch'],
                          'first': exported['top1_per_step'][0], 'last': exported['top1_per_step'][-1],
                          'corrected': corrected, 'regressed': regressed, 'gain': 100 * gain, 'half': 100 * half,
-                         'num_steps': len(held_out), 'held_out_exit': held_out.index(max(held_out)) + 1})
+                         'num_steps': len(exported['top1_per_step']), 'held_out_exit': deployed_exit([summary])})
     return runs
 
 
@@ -185,7 +189,7 @@ def _mean_curves(results: pathlib.Path, cells: Dict[str, object]) -> Dict[str, t
     shortest run's last epoch."""
     found = {}
     for name in cells:
-        folders = [path.parent for path in sorted((results / name).glob('seed*/summary.json'))]
+        folders = _run_folders(results, name)
         if folders:
             curves = [[r['selection_top1'] for r in _metrics(folder)] for folder in folders]
             found[name] = folders, [statistics.fmean(epoch) for epoch in zip(*curves)]
