@@ -104,10 +104,11 @@ def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_o
     assert zoo_tables.target(rows) == (
         "DSA-MoE (small) 93.00% (86.65 to 99.35) test top-1 over 2 seeds: target 92.5%, the small CNN's (the source "
         'reports 92.3%; a stretch goal of 93.5%), reached so far (2 of 3 seeds)')
-    # two seeds against two: Welch's interval; against one seed: none; multiply-adds only where both are measured
+    # two seeds against two: Welch's interval (covering zero: no difference shown); against one seed: none;
+    # multiply-adds only where both are measured
     assert zoo_tables.against_others(rows) == (
-        'DSA-MoE (small) minus SA-MLP (small) +0.50 points (-2.54 to +3.54) at 0.72x its multiply-adds; '
-        'minus ResNet-18 -1.00 points (one run: no interval)')
+        'Against SA-MLP (small): +0.50 points (-2.54 to +3.54) at 0.72x its multiply-adds, no difference shown. '
+        'Against ResNet-18: -1.00 points (one run: no interval)')
     assert zoo_tables.against_others(rows[:1]) == 'DSA-MoE (small): no other model has finished a run'
     assert zoo_tables.against_others(rows[1:]).startswith('not measured yet')
     claim = zoo_tables.efficiency_claim(rows)

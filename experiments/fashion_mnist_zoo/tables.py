@@ -356,8 +356,9 @@ def reader_table(rows: List[dict], cells: Dict[str, object], cost: Optional[dict
 
 
 def against_others(rows: List[dict], flagship: str = 'dsa_moe_small') -> str:
-    """The flagship's test top-1 minus each other model's (Welch's interval once both have two seeds or more) and
-    its multiply-adds as a multiple of theirs, in a README sentence."""
+    """The flagship's test top-1 minus each other model's (Welch's interval once both have two seeds or more, said
+    to show no difference when it covers zero) and its multiply-adds as a multiple of theirs: one sentence a model,
+    so that the list can grow without a sentence growing."""
     found = {row['cell']: row for row in rows}
     if flagship not in found:
         return FLAGSHIP_NOT_TRAINED
@@ -370,10 +371,12 @@ def against_others(rows: List[dict], flagship: str = 'dsa_moe_small') -> str:
         shown = format_interval(difference, half, signed=True, unit=' points')
         if a['cost'] and row['cost']:
             shown += f' at {a["cost"]["macs"] / row["cost"]["macs"]:.2f}x its multiply-adds'
-        parts.append(f'{MODEL_NAMES[row["cell"]]} {shown}')
+        if abs(difference) <= half:  # nan (one run) compares False: no claim either way
+            shown += ', no difference shown'
+        parts.append(f'Against {MODEL_NAMES[row["cell"]]}: {shown}')
     if not parts:
         return f'{MODEL_NAMES[flagship]}: no other model has finished a run'
-    return f'{MODEL_NAMES[flagship]} minus ' + '; minus '.join(parts)
+    return '. '.join(parts)
 
 
 def _percent(values: List[float], interval: bool = True) -> str:
