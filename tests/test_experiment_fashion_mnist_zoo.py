@@ -104,6 +104,11 @@ def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_o
     assert zoo_tables.target(rows) == (
         "DSA-MoE (small) 93.00% (86.65 to 99.35) test top-1 over 2 seeds: target 92.5%, the small CNN's (the source "
         'reports 92.3%; a stretch goal of 93.5%), reached so far (2 of 3 seeds)')
+    # the verdict is on the mean as shown: 92.4967 is shown as 92.50, which has reached 92.5
+    shown_as_target = [{'cell': 'dsa_moe_small', 'top1': [92.42, 92.58, 92.49], 'seeds': 3}]
+    assert zoo_tables.target(shown_as_target).startswith('DSA-MoE (small) 92.50% (92.30 to 92.70)')
+    assert zoo_tables.target(shown_as_target).endswith('stretch goal of 93.5%), reached')
+    assert zoo_tables.target([{**shown_as_target[0], 'top1': [92.42, 92.58, 92.47]}]).endswith('not reached')
     # two seeds against two: Welch's interval (covering zero: no difference shown); against one seed: none;
     # multiply-adds only where both are measured
     assert zoo_tables.against_others(rows) == (

@@ -422,7 +422,7 @@ def target(rows: List[dict], seeds: int = 3) -> str:
     if 'dsa_moe_small' not in found:
         return FLAGSHIP_NOT_TRAINED
     row = found['dsa_moe_small']
-    mean = statistics.fmean(row['top1'])
+    mean = round(statistics.fmean(row['top1']), 2)  # judged as shown: a mean shown as 92.50 has reached 92.5
     verdict = ('the stretch goal reached' if mean >= STRETCH else 'reached' if mean >= TARGET else 'not reached')
     text = (f'DSA-MoE (small) {_percent(row["top1"])} test top-1 over {_seeds(row)}: target {TARGET}%, '
             f'the small CNN\'s (the source reports {SOURCE}%; a stretch goal of {STRETCH}%), {verdict}')
