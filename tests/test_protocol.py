@@ -72,6 +72,15 @@ def test_intervals_over_seeds_and_between_variants():
     assert math.isnan(difference_interval([1.0], [2.0, 3.0])[1])
 
 
+def test_interval_side_says_where_a_difference_lies_or_that_none_is_shown():
+    import math
+
+    from timm_recursive.analysis.intervals import interval_side
+    assert interval_side(0.5, 0.4) == 1 and interval_side(-0.5, 0.4) == -1
+    assert interval_side(0.4, 0.4) == 0 and interval_side(-0.1, 0.4) == 0  # touching or covering zero: no difference
+    assert interval_side(0.5, math.nan) is None
+
+
 def test_paired_and_unpaired_intervals_over_test_images():
     import math
     import random

@@ -5,7 +5,7 @@ import json
 import pathlib
 from typing import Dict, List, Optional, Tuple
 
-from timm_recursive.analysis.intervals import format_interval, proportion_difference_interval
+from timm_recursive.analysis.intervals import format_interval, interval_side, proportion_difference_interval
 from tools.generated_markdown import markdown_table, pct
 
 
@@ -34,8 +34,7 @@ def short(variants: Dict, ranked: List[str]) -> str:
     """The headline for a newcomer: the two best linear probes and their difference, in at most ``SHORT_LIMIT``
     characters."""
     (a, b), top1 = ranked[:2], {name: variants[name]['linear']['top1'] for name in ranked[:2]}
-    difference, half = _linear_difference(variants, a, b)
-    shown = '' if difference - half > 0 else ', no difference shown'  # ranked: a is not below b
+    shown = '' if interval_side(*_linear_difference(variants, a, b)) == 1 else ', no difference shown'  # a ranks first
     text = (f'linear probe: {VARIANT_WORDS.get(a, a)} {pct(top1[a])}% vs {VARIANT_WORDS.get(b, b)} {pct(top1[b])}%, '
             f'{linear_gap(variants, a, b)} points{shown}')
     settings = (' (DINO on FashionMNIST, one seed: interval over test images only)',

@@ -8,12 +8,11 @@ the exported epoch chosen on the test split): ``trace.json`` (``timm-recursive r
 model) and, where it was kept, ``summary.json``.
 """
 import json
-import math
 import pathlib
 import statistics
 from typing import Dict, List, Optional, Tuple
 
-from timm_recursive.analysis.intervals import difference_interval, format_interval, mean_interval
+from timm_recursive.analysis.intervals import difference_interval, format_interval, interval_side, mean_interval
 from tools.generated_markdown import markdown_table
 
 MODELS = (('recursive_dsa_moe_tiny', 'DSA-MoE'), ('recursive_sa_moe_tiny', 'SA-MoE'),
@@ -215,13 +214,13 @@ def short(runs: Dict[str, List[dict]], a: str = 'DSA-MoE', b: str = 'SA-MLP') ->
     setting = f'FashionMNIST, tiny size, {_setting(runs[a])}'
     if b not in runs:
         return f'{a} {_top1(runs[a])} top-1; {setting}'
-    difference, half_width = _difference(runs, a, b)
-    if math.isnan(half_width):
+    side = interval_side(*_difference(runs, a, b))
+    if side is None:
         shown = 'no interval for the difference'
-    elif abs(difference) <= half_width:
+    elif side == 0:
         shown = 'no difference shown'
     else:
-        shown = f'{a} {"above" if difference > 0 else "below"} {b}'
+        shown = f'{a} {"above" if side > 0 else "below"} {b}'
     return f'{a} {_top1(runs[a])} vs {b} {_top1(runs[b])} top-1, {shown}; {setting}'
 
 

@@ -15,7 +15,13 @@ import re
 import statistics
 from typing import Dict, List, Optional
 
-from timm_recursive.analysis.intervals import difference_interval, format_interval, mean_interval, paired_gain
+from timm_recursive.analysis.intervals import (
+    difference_interval,
+    format_interval,
+    interval_side,
+    mean_interval,
+    paired_gain,
+)
 from tools.generated_markdown import import_file, markdown_table
 
 STUDY = pathlib.Path(__file__).resolve().parent
@@ -371,7 +377,7 @@ def against_others(rows: List[dict], flagship: str = 'dsa_moe_small') -> str:
         shown = format_interval(difference, half, signed=True, unit=' points')
         if a['cost'] and row['cost']:
             shown += f' at {a["cost"]["macs"] / row["cost"]["macs"]:.2f}x its multiply-adds'
-        if abs(difference) <= half:  # nan (one run) compares False: no claim either way
+        if interval_side(difference, half) == 0:  # one run (no interval): no claim either way
             shown += ', no difference shown'
         parts.append(f'Against {MODEL_NAMES[row["cell"]]}: {shown}')
     if not parts:

@@ -10,7 +10,13 @@ import math
 import pathlib
 from typing import Dict, List, Optional, Tuple
 
-from timm_recursive.analysis.intervals import format_interval, mean_interval, paired_hits_interval, unpack_hits
+from timm_recursive.analysis.intervals import (
+    format_interval,
+    interval_side,
+    mean_interval,
+    paired_hits_interval,
+    unpack_hits,
+)
 from tools.generated_markdown import markdown_table, pct
 
 
@@ -47,11 +53,12 @@ MODE_WORDS = {'both': 'importance + diversity', 'importance': 'importance only',
 
 def _ahead(a: str, b: str, gain: float, half: float) -> str:
     """``a`` minus ``b`` (points, with its 95% half-width) in words: who is ahead, or that no difference is shown."""
-    if gain - half > 0:
+    side = interval_side(gain, half)
+    if side == 1:
         return f'{a} ahead by {format_interval(gain, half, signed=True)} points'
-    if gain + half < 0:
+    if side == -1:
         return f'{b} ahead by {format_interval(-gain, half, signed=True)} points'
-    if math.isnan(half):
+    if side is None:
         return f'{a} {gain:+.2f} points, no interval'
     return f'no difference shown: {a} {format_interval(gain, half, signed=True)} points'
 

@@ -4,10 +4,10 @@ images whose answer differs carry uncertainty), and between two accuracies whose
 kept (unpaired, conservative). Per-image hits travel in JSON as ``pack_hits`` strings."""
 import math
 import statistics
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 __all__ = ['mean_interval', 'difference_interval', 'paired_gain', 'paired_hits_interval',
-           'proportion_difference_interval', 'pack_hits', 'unpack_hits', 'format_interval']
+           'proportion_difference_interval', 'pack_hits', 'unpack_hits', 'format_interval', 'interval_side']
 
 
 def mean_interval(values: Sequence[float], level: float = 0.95) -> Tuple[float, float]:
@@ -67,6 +67,16 @@ def proportion_difference_interval(p_a: float, n_a: int, p_b: float, n_b: int,
     the paired interval narrower. It covers the sampling of test images only, not a retraining's variation."""
     variance = p_a * (1 - p_a) / n_a + p_b * (1 - p_b) / n_b
     return p_a - p_b, statistics.NormalDist().inv_cdf(0.5 + level / 2) * math.sqrt(variance)
+
+
+def interval_side(value: float, half_width: float) -> Optional[int]:
+    """Where a difference's 95% interval lies: 1 above zero, -1 below, 0 when it covers zero (no difference shown),
+    None when there is no interval (one run). Every study words its comparisons from this one rule."""
+    if math.isnan(half_width):
+        return None
+    if value - half_width > 0:
+        return 1
+    return -1 if value + half_width < 0 else 0
 
 
 def pack_hits(hits: Sequence[bool]) -> str:
