@@ -10,7 +10,7 @@ from tools.generated_markdown import import_file
 
 STUDY = pathlib.Path(__file__).resolve().parent.parent / 'experiments' / 'dino_fashion_mnist'
 
-pytestmark = pytest.mark.slow  # every test runs collect.py or tables.py in a subprocess
+collect = import_file(STUDY / 'collect.py')
 
 
 def _per_layer(key: str, values) -> dict:
@@ -35,6 +35,7 @@ def _variant_run(folder: pathlib.Path, model: str, top1: float, losses=(6.2, 5.9
     (folder / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
 
 
+@pytest.mark.slow  # collect.py as a command, in a subprocess
 def test_collect_then_tables(tmp_path):
     _variant_run(tmp_path / 'entmax', 'vit_small_entmax', 59.0)
     _variant_run(tmp_path / 'reg4', 'vit_small_patch16_224', 44.0, reg_tokens=4)
@@ -85,31 +86,25 @@ def test_collect_then_tables(tmp_path):
     assert any(row.startswith('| ADE20K mIoU (%) |') and 'not runnable here' in row for row in beside)
 
 
-def test_collect_refuses_an_empty_root(tmp_path):
-    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path), '--allow-dirty'],
-                            capture_output=True, text=True)
-    assert result.returncode == 2 and 'no finished variant' in result.stderr
+def test_collect_refuses_an_empty_root(tmp_path, capsys):
+    assert collect.main([str(tmp_path), '--allow-dirty']) == 2 and 'no finished variant' in capsys.readouterr().err
 
 
 @pytest.mark.parametrize('variant,missing', [('reg4', 'metrics.jsonl'), ('entmax', 'summary.json')])
-def test_collect_refuses_a_variant_folder_without_its_metrics_or_summary(tmp_path, variant, missing):
+def test_collect_refuses_a_variant_folder_without_its_metrics_or_summary(tmp_path, capsys, variant, missing):
     _variant_run(tmp_path / 'entmax', 'vit_small_entmax', 59.0)
     _variant_run(tmp_path / 'reg4', 'vit_small_patch16_224', 44.0, reg_tokens=4)
     (tmp_path / variant / missing).unlink()
-    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(tmp_path), '--allow-dirty'],
-                            capture_output=True, text=True)
-    assert result.returncode == 2 and result.stdout == '', result.stderr
-    assert result.stderr.startswith(f'error: no {missing} in {tmp_path / variant} (') and \
-        result.stderr.count('\n') == 1, result.stderr
+    code, (stdout, stderr) = collect.main([str(tmp_path), '--allow-dirty']), capsys.readouterr()
+    assert code == 2 and stdout == '', stderr
+    assert stderr.startswith(f'error: no {missing} in {tmp_path / variant} (') and stderr.count('\n') == 1, stderr
     assert not (tmp_path / 'results.json').exists()
 
 
-def test_collect_refuses_a_root_that_is_not_a_folder(tmp_path):
+def test_collect_refuses_a_root_that_is_not_a_folder(tmp_path, capsys):
     root = tmp_path / 'nope'
-    result = subprocess.run([sys.executable, str(STUDY / 'collect.py'), str(root), '--allow-dirty'],
-                            capture_output=True, text=True)
-    assert result.returncode == 2
-    assert result.stderr == f"error: {root} is not a folder (the runs' root, run.sh's output)\n"
+    assert collect.main([str(root), '--allow-dirty']) == 2
+    assert capsys.readouterr().err == f"error: {root} is not a folder (the runs' root, run.sh's output)\n"
 
 
 def test_short_result_is_a_plain_cell_with_the_headlines_numbers():

@@ -9,6 +9,7 @@ import pytest
 from tools.generated_markdown import (
     GeneratedMarkdownError,
     Repository,
+    import_file,
     markdown_table,
     render,
     tables_outside_generated_blocks,
@@ -16,6 +17,7 @@ from tools.generated_markdown import (
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RENDER = ROOT / 'experiments' / 'render.py'
+render_command = import_file(RENDER)
 
 
 def _fake_checkout(tmp_path, readme_body):
@@ -63,25 +65,21 @@ def test_tables_outside_generated_blocks_are_found():
     assert tables_outside_generated_blocks(text) == [1, 2]
 
 
-@pytest.mark.slow
-def test_render_command_rewrites_then_checks(tmp_path):
+def test_render_command_rewrites_then_checks(tmp_path, capsys):
     root = _fake_checkout(tmp_path, 'top-1 <!-- gen: toy/headline -->?<!-- /gen -->\n')
-    command = [sys.executable, str(RENDER), '--root', str(root)]
-    stale = subprocess.run(command + ['--check'], capture_output=True, text=True)
-    assert stale.returncode == 1 and 'stale: README.md' in stale.stdout
-    assert subprocess.run(command, capture_output=True, text=True).returncode == 0
+    command = ['--root', str(root)]
+    assert render_command.main(command + ['--check']) == 1 and 'stale: README.md' in capsys.readouterr().out
+    assert render_command.main(command) == 0
     assert (root / 'README.md').read_text() == 'top-1 <!-- gen: toy/headline -->81.2%<!-- /gen -->\n'
     assert '| toy | 81.23 |' in (root / 'experiments' / 'toy' / 'README.md').read_text()
-    assert subprocess.run(command + ['--check'], capture_output=True, text=True).returncode == 0
+    assert render_command.main(command + ['--check']) == 0
 
 
-@pytest.mark.slow
-def test_render_command_names_an_unknown_piece(tmp_path):
+def test_render_command_names_an_unknown_piece(tmp_path, capsys):
     root = _fake_checkout(tmp_path, '<!-- gen: toy/nope -->?<!-- /gen -->\n')
-    result = subprocess.run([sys.executable, str(RENDER), '--root', str(root), '--check'],
-                            capture_output=True, text=True)
-    assert result.returncode == 2
-    assert result.stderr.strip() == "error: README.md: study 'toy' has no piece 'nope' (it has: headline, main)"
+    assert render_command.main(['--root', str(root), '--check']) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: README.md: study 'toy' has no piece 'nope' (it has: headline, main)")
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ compiled entmax-1.5 row kernel on the explicit scores) at a ViT's lengths with [
 Triton reads ``TRITON_INTERPRET`` when ``@triton.jit`` decorates a function: its own ``triton.language`` helpers
 when triton is first imported, adasplash's kernels when their module is. In a pytest process triton may be
 imported long before a test runs (torch.compile's tests; any test earlier in an xdist worker), and setting the
-variable there would turn every later Triton kernel of the process into interpreted code. So each case runs in
+variable there would turn every later Triton kernel of the process into interpreted code. So the cases run in
 a fresh Python (this file as a script, ``helpers.INTERPRETED_KERNELS``' environment), which also makes
 ``TRITON_INTERPRET=1 pytest -m gpu_kernel`` and a plain ``pytest`` the same. The interpreter runs a kernel's
 programs one by one in NumPy: forward and backward of a head at N = 197 take about 4 s on a CPU core, N = 50 a
@@ -49,9 +49,16 @@ def _output_and_grads(attention, q, k, v, d_out):
     return [out.detach(), *(t.grad for t in inputs)]
 
 
+def attention_cases(*shapes: int) -> dict:
+    """``attention_case`` of each (batch, heads, length, head_dim) in ``shapes`` (four numbers a case), by case."""
+    cases = [shapes[i:i + 4] for i in range(0, len(shapes), 4)]
+    return {str(list(case)): attention_case(*case) for case in cases}
+
+
 def attention_case(batch: int, heads: int, length: int, head_dim: int) -> dict:
     """adasplash_attention against the CPU solver: the largest errors, and the block masks the kernel wrote."""
     from adasplash import adasplash_block_mask
+    entmax_attention.adasplash_kernel()  # its patch of the allocation first: the spy below wraps it, then restores it
     mask_shapes = []
     allocate = adasplash_block_mask.compute_bidxs_and_cubcounts
 
@@ -66,6 +73,7 @@ def attention_case(batch: int, heads: int, length: int, head_dim: int) -> dict:
     start = time.perf_counter()
     fused = _output_and_grads(lambda *qkv: entmax_attention.adasplash_attention(*qkv, alpha=1.5), q, k, v, d_out)
     seconds = time.perf_counter() - start
+    adasplash_block_mask.compute_bidxs_and_cubcounts = allocate
     exact = _output_and_grads(lambda q, k, v: entmax15((q * head_dim ** -0.5) @ k.transpose(-2, -1)) @ v,
                               q, k, v, d_out)
     errors = {name: float((a - b).abs().max()) for name, a, b in zip(('output', 'grad_q', 'grad_k', 'grad_v'),
@@ -106,19 +114,24 @@ def model_case() -> dict:
 
 # the tests
 
-@pytest.mark.slow
-@pytest.mark.parametrize('head_dim', [64, 32])
-@pytest.mark.parametrize('batch, heads, length, block_mask_shape', [
+# (batch, heads, length, head_dim) and the block mask the kernel writes: (B, heads, key blocks of 16, query flags of 16)
+ATTENTION_CASES = {
     # N = 197, no power of two: the kernel is given the length, and its block mask fits its buffers:
-    # (B, heads, key blocks of 16, query flags of 16), written 4 flags a 64-query block: 256 = 4 x 64 rows
-    (1, 1, 197, [1, 1, 16, 16]),
+    # written 4 flags a 64-query block: 256 = 4 x 64 rows
+    **{(1, 1, 197, head_dim): [1, 1, 16, 16] for head_dim in (64, 32)},
     # N = 50 < 64, two sequences: the lengths tensor's extra entry is read by none of them
-    (2, 2, 50, [2, 2, 4, 4]),
-], ids=['vit_s16_length', 'short_length'])
-def test_adasplash_matches_cpu_solver(batch, heads, length, block_mask_shape, head_dim):
-    result = interpreted('attention', batch, heads, length, head_dim)
-    assert all(error < 1e-5 for error in result['max_errors'].values()), result
-    assert result['block_mask_shapes'] == [block_mask_shape]
+    **{(2, 2, 50, head_dim): [2, 2, 4, 4] for head_dim in (64, 32)},
+}
+
+
+@pytest.mark.slow
+def test_adasplash_matches_cpu_solver():
+    # one subprocess for every case: the interpreter's start and the imports are paid once
+    results = interpreted('attention', *(n for case in ATTENTION_CASES for n in case))
+    for case, block_mask_shape in ATTENTION_CASES.items():
+        result = results[str(list(case))]
+        assert all(error < 1e-5 for error in result['max_errors'].values()), (case, result)
+        assert result['block_mask_shapes'] == [block_mask_shape], (case, result)
 
 
 @pytest.mark.slow
@@ -169,5 +182,5 @@ if __name__ == '__main__':
     # the interpreter evaluates both sides of the kernels' masked log2 in NumPy
     warnings.filterwarnings('ignore', category=RuntimeWarning, module='triton')
     name, *arguments = sys.argv[1:]
-    case = {'attention': attention_case, 'model': model_case}[name]
+    case = {'attention': attention_cases, 'model': model_case}[name]
     print(json.dumps(case(*map(int, arguments))))

@@ -26,6 +26,16 @@ UNTESTED_TAGS = ('cifar10', 'mnist')
 # channels and 100 classes, which the untagged forward tests (three channels) and the loading tests
 # (a three-channel checkpoint adapted to one) already cover
 DEFAULT_CFG_TAG_ONLY = ('test_model_default_cfgs', 'fashion_mnist')
+# timm's tests that build a model at its default config (forward, backward, FX, TorchScript, features, the default
+# config) run one size of each family: its other sizes are the same class with other widths, depths and step counts,
+# which tests/test_*.py build at every size. The tests of a pretrained tag (loading it, its features, a non-standard
+# config) keep every size: each tag has its own config. The size kept is the cheapest to run (the small recursive
+# size has 8 steps, the tiny one 16)
+EVERY_SIZE_TESTS = ('test_model_load_pretrained', 'test_model_features_pretrained', 'test_model_default_cfgs_non_std')
+SIZE_WORDS = ('tiny', 'small', 'base', 'cifar', 't', 's', 'b')
+ONE_SIZE_A_FAMILY = {'recursive_sa_mlp_small', 'recursive_sa_moe_small', 'recursive_dsa_moe_small',
+                     'recursive_sa_mlp_spatial_tiny', 'recursive_sa_moe_spatial_tiny', 'recursive_dsa_moe_spatial_tiny',
+                     'vit_tiny_entmax', 'vit_tiny_specialized', 'deit_t_tokenfuse'}
 _REVISION = '0' * 40
 _SUITE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,12 +45,19 @@ def _model_name(item):
     return callspec.params.get('model_name') if callspec is not None else None
 
 
+def family(arch: str) -> str:
+    """``arch`` without its size: ``vit_small_entmax`` is ``vit_entmax``."""
+    return '_'.join(word for word in arch.split('_') if word not in SIZE_WORDS)
+
+
 def _ours(test: str, name: str) -> bool:
     arch, _, tag = name.partition('.')
+    if arch not in OUR_MODELS or (test not in EVERY_SIZE_TESTS and arch not in ONE_SIZE_A_FAMILY):
+        return False
     if not arch.startswith('recursive_'):
-        return arch in OUR_MODELS
+        return True
     only_test, only_tag = DEFAULT_CFG_TAG_ONLY
-    return arch in OUR_MODELS and tag not in UNTESTED_TAGS and (test != only_test or tag == only_tag)
+    return tag not in UNTESTED_TAGS and (test != only_test or tag == only_tag)
 
 
 def _in_suite(item) -> bool:
@@ -51,6 +68,9 @@ def _in_suite(item) -> bool:
 def pytest_collection_modifyitems(config, items):
     """In timm's suite, keep the per-model tests parametrised with one of our models, marked slow (minutes in
     all: the fast tier leaves them out); deselect the rest."""
+    untested = {family(arch) for arch in OUR_MODELS} - {family(arch) for arch in ONE_SIZE_A_FAMILY}
+    if untested:
+        raise pytest.UsageError(f'timm\'s suite runs no size of {sorted(untested)}: add one to ONE_SIZE_A_FAMILY')
     ours, others = [], []
     for item in items:
         name = _model_name(item)
