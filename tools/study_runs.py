@@ -49,9 +49,10 @@ def train_command(cell: Cell, seed: int, output: pathlib.Path, recipe: Sequence[
             '--seeds', str(seed), '--output', str(shown), '--resume', '--no-progress']
 
 
-def offline_env() -> Dict[str, str]:
-    """One thread per run, the Hub read from local caches only (unless the caller's environment says otherwise)."""
-    return dict(os.environ, OMP_NUM_THREADS='1', HF_HUB_OFFLINE=os.environ.get('HF_HUB_OFFLINE', '1'),
+def offline_env(threads: int = 1) -> Dict[str, str]:
+    """``threads`` intra-op threads per run, the Hub read from local caches only (unless the caller's environment
+    says otherwise)."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE=os.environ.get('HF_HUB_OFFLINE', '1'),
                 HF_DATASETS_OFFLINE=os.environ.get('HF_DATASETS_OFFLINE', '1'))
 
 
@@ -84,7 +85,7 @@ class Study(NamedTuple):
     results: pathlib.Path
 
 
-def run_one(study: Study, cell: Cell, seed: int, out: pathlib.Path, commit_results: bool) -> str:
+def run_one(study: Study, cell: Cell, seed: int, out: pathlib.Path, commit_results: bool, threads: int = 1) -> str:
     """Train one seed of ``cell`` unless it has finished, keep its records, and commit them if asked."""
     folder = out / cell.name / f'seed{seed}'
     name = f'{cell.name}/seed{seed}'
@@ -93,7 +94,7 @@ def run_one(study: Study, cell: Cell, seed: int, out: pathlib.Path, commit_resul
         print(f'training {name}', flush=True)
         with open(folder.parent / f'seed{seed}.log', 'a') as log:
             done = subprocess.run(study.command(cell, seed, folder), stdout=log, stderr=subprocess.STDOUT,
-                                  env=offline_env(), cwd=ROOT)
+                                  env=offline_env(threads), cwd=ROOT)
         if done.returncode != 0:
             return f'FAILED: {name} (exit {done.returncode}, see {folder.parent / f"seed{seed}.log"})'
     saved = study.results / cell.name / f'seed{seed}'
@@ -109,7 +110,10 @@ def run_one(study: Study, cell: Cell, seed: int, out: pathlib.Path, commit_resul
 def add_arguments(parser: argparse.ArgumentParser, study: Study, default_out: pathlib.Path) -> None:
     """The options every study's run.py takes: where runs go, how many at once, which cells and seeds, commits."""
     parser.add_argument('--out', type=pathlib.Path, default=default_out)
-    parser.add_argument('--jobs', type=int, default=2, help='trainings at once (one thread each)')
+    parser.add_argument('--jobs', type=int, default=2, help='trainings at once')
+    # two runs of one thread train more images an hour on two cores; one run of two threads finishes sooner
+    # (a run's summary.json records its threads)
+    parser.add_argument('--threads', type=int, default=1, help='intra-op threads per training')
     parser.add_argument('--only', nargs='+', choices=sorted(study.cells), metavar='CELL', help='these cells only')
     parser.add_argument('--seeds', type=int, nargs='+', help='these seeds only (of each cell\'s)')
     parser.add_argument('--commit', action='store_true', help='commit each finished run\'s records as it lands')
@@ -128,7 +132,7 @@ def run_study(study: Study, args: argparse.Namespace) -> int:
     failed = False
     with ThreadPoolExecutor(args.jobs) as pool:
         jobs = schedule(selected_cells(study, args.only, args.seeds))
-        for message in pool.map(lambda job: run_one(study, *job, args.out, args.commit), jobs):
+        for message in pool.map(lambda job: run_one(study, *job, args.out, args.commit, args.threads), jobs):
             print(message, flush=True)
             failed |= message.startswith('FAILED')
     return 1 if failed else 0

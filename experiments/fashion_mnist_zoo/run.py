@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """The FashionMNIST zoo: the recursive classifiers at their best recipe, beside timm's own small models.
 
-    experiments/fashion_mnist_zoo/run.py [--out runs/fashion_mnist_zoo] [--jobs 2] [--only CELL ...] [--commit]
+    experiments/fashion_mnist_zoo/run.py [--out runs/fashion_mnist_zoo] [--jobs 2] [--threads 1] [--only CELL ...]
+                                         [--seeds S ...] [--commit]
 
 Trains every cell of ``CELLS`` (a design: model, model arguments, recipe) for each of its seeds with
-``timm-recursive train`` into ``OUT/<cell>/seed<S>`` (one thread per run, ``--jobs`` at once). A stopped run
-resumes from its last saved state (mid-epoch included); a finished run is skipped. As each run finishes, its
-records (``summary.json``, ``metrics.jsonl``, ``args.json``) are copied into ``results/<cell>/seed<S>/`` and, with
-``--commit``, committed at once. The tables are generated from ``results/`` by ``tables.py``
-(``python experiments/render.py``).
+``timm-recursive train`` into ``OUT/<cell>/seed<S>`` (``--threads`` each, one by default; ``--jobs`` at once).
+A stopped run resumes from its last saved state (mid-epoch included); a finished run is skipped. As each run
+finishes, its records (``summary.json``, ``metrics.jsonl``, ``args.json``) are copied into
+``results/<cell>/seed<S>/`` and, with ``--commit``, committed at once. The tables are generated from ``results/``
+by ``tables.py`` (``python experiments/render.py``).
 
 The recipe search (cells ``search_*``, one seed each) changes one lever at a time from the recipe of
 ``experiments/fashion_mnist_baselines`` (the reference, 3 seeds there): all 60,000 training images, of which 6,000
