@@ -58,10 +58,10 @@ def test_every_zoo_cell_trains_by_the_recipe_file_with_options_the_command_knows
         assert (args.dataset, args.val_fraction) == ('fashion_mnist', 0.1), name  # the held-out images choose
 
 
-def _zoo_run(folder: pathlib.Path, seed: int, test_per_step, held_out_per_step):
+def _zoo_run(folder: pathlib.Path, seed: int, test_per_step, held_out_per_step, threads=1):
     folder.mkdir(parents=True)
     (folder / 'summary.json').write_text(json.dumps({
-        'seed': seed, 'wall_time_s': 7200., 'best': {'selection_top1_per_step': held_out_per_step},
+        'seed': seed, 'wall_time_s': 7200., 'threads': threads, 'best': {'selection_top1_per_step': held_out_per_step},
         'test': {'exported': {'top1': test_per_step[-1], 'top1_per_step': test_per_step}}}))
 
 
@@ -72,8 +72,8 @@ def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_o
                                              ([91.0, 92.0, 93.5], [91.0, 92.0, 91.7]))):
         _zoo_run(results / 'dsa_moe_small' / f'seed{seed}', seed, test, held_out)
     for seed, top1 in enumerate((92.0, 93.0)):
-        _zoo_run(results / 'sa_mlp_small' / f'seed{seed}', seed, [top1 - 1, top1], [90.0, 91.0])
-    _zoo_run(results / 'resnet18' / 'seed0', 0, [94.0], [93.0])
+        _zoo_run(results / 'sa_mlp_small' / f'seed{seed}', seed, [top1 - 1, top1], [90.0, 91.0], threads=1 + seed)
+    _zoo_run(results / 'resnet18' / 'seed0', 0, [94.0], [93.0], threads=2)
     cost = {'models': {
         'dsa_moe_small': {'params': 1.2e6, 'active_params': 0.9e6, 'macs': 54.3e6, 'block_macs_per_token': 0.236e6,
                           'encoder_macs': 45.42e6,
@@ -87,8 +87,10 @@ def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_o
     table = zoo_tables.zoo_table(rows)
     # the mean of 93.0 and 92.5, Student's t over two seeds; the gain paired by seed (+2.5 both); exit at step 2
     assert ('| `dsa_moe_small` | 2 | 93.00 (86.65 to 99.35) | +2.50 (+2.50 to +2.50) | '
-            '2 of 3 steps: 92.00, 30.0M MACs | 1.20 | 0.90 | 54.3 | 22 | 259 | 120 | 2.0 |') in table
-    assert '| `resnet18` | 1 | 94.00 (one seed) |  |  |  |  |  |  |  |  | 2.0 |' in table  # cost not measured
+            '2 of 3 steps: 92.00, 30.0M MACs | 1.20 | 0.90 | 54.3 | 22 | 259 | 120 | 2.0 (1 thread) |') in table
+    # cost not measured; the wall time names the threads its runs had (a run of two finishes sooner)
+    assert '| `resnet18` | 1 | 94.00 (one seed) |  |  |  |  |  |  |  |  | 2.0 (2 threads) |' in table
+    assert '| 100 | 2.0 (1-2 threads) |' in table  # SA-MLP's seeds, one on each
     # the README's pieces: short cells, names a reader knows, the flagship first
     assert zoo_tables.short(rows) == ('DSA-MoE (small) 93.00% (86.65 to 99.35) top-1, 2 seeds; '
                                       'SA-MLP (small) 92.50%, ResNet-18 94.00% by the same recipe')

@@ -38,13 +38,18 @@ def schedule(cells: Sequence[Cell]) -> List[Tuple[Cell, int]]:
     return [(cell, cell.seeds[i]) for i in range(most) for cell in cells if i < len(cell.seeds)]
 
 
+def _shown(path: pathlib.Path) -> pathlib.Path:
+    """``path`` relative to the checkout when inside it (what a record or a message names), else as it is."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def train_command(cell: Cell, seed: int, output: pathlib.Path, recipe: Sequence[str]) -> List[str]:
     """``timm-recursive train`` for one seed of ``cell``: its model, ``recipe``, then the cell's own arguments; an
     ``output`` inside the checkout is given relative to it (the command runs there), so records name no path
     outside the repository."""
     kwargs = ['--model-kwargs', *cell.kwargs] if cell.kwargs else []
     output = pathlib.Path(output).resolve()
-    shown = output.relative_to(ROOT) if output.is_relative_to(ROOT) else output
+    shown = _shown(output)
     return [str(TRAIN), 'train', '--model', cell.model, *kwargs, *recipe, *cell.train_args,
             '--seeds', str(seed), '--output', str(shown), '--resume', '--no-progress']
 
@@ -104,7 +109,7 @@ def run_one(study: Study, cell: Cell, seed: int, out: pathlib.Path, commit_resul
     if commit_results:
         script = study.results.parent.relative_to(ROOT) / 'run.py'
         commit([saved], f'{study.name}: {name} landed ({cell.recipe} recipe, run by {script})')
-    return f'done: {name} -> {saved.relative_to(ROOT)}'
+    return f'done: {name} -> {_shown(saved)}'
 
 
 def add_arguments(parser: argparse.ArgumentParser, study: Study, default_out: pathlib.Path) -> None:

@@ -129,6 +129,7 @@ def zoo_rows(results: pathlib.Path, cells: Dict[str, object], cost: Optional[dic
         tests = [s['test']['exported'] for s in summaries]
         row = {'cell': name, 'seeds': len(summaries), 'top1': [t['top1'] for t in tests],
                'wall_h': statistics.fmean(s['wall_time_s'] for s in summaries) / 3600,
+               'threads': sorted({s['threads'] for s in summaries}),
                'cost': (cost or {}).get('models', {}).get(name)}
         if len(tests[0].get('top1_per_step', [])) > 1:
             depth = deployed_exit(summaries)
@@ -272,6 +273,11 @@ def _speeds(cost: dict, *keys: str) -> List[str]:
     return [f'{cost[key]:.0f}' if key in cost else '' for key in keys]
 
 
+def _threads(counts: List[int]) -> str:
+    """The intra-op threads its runs trained on: a run of two threads takes less wall time than one of one."""
+    return '-'.join(map(str, counts)) + (' threads' if counts[-1] > 1 else ' thread')
+
+
 def zoo_table(rows: List[dict]) -> str:
     table = []
     for row in rows:
@@ -287,7 +293,7 @@ def zoo_table(rows: List[dict]) -> str:
         table.append([f'`{row["cell"]}`', row['seeds'], _interval(row['top1']),
                       _interval(row['gain'], signed=True) if recursive else '', exit_cell,
                       _millions(cost.get('params')), _millions(cost.get('active_params')),
-                      _millions(cost.get('macs'), 1), *speed, f'{row["wall_h"]:.1f}'])
+                      _millions(cost.get('macs'), 1), *speed, f'{row["wall_h"]:.1f} ({_threads(row["threads"])})'])
     return markdown_table(['model', 'seeds', 'test top-1 (%), 95% interval', 'last step minus step 1 (points)',
                            'deployed exit: test top-1 (%)', 'params (M)', 'active params (M)', 'MACs/image (M)',
                            'images/s, batch 1', 'images/s, batch 128', 'training images/s, batch 128',
