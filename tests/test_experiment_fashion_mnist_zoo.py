@@ -341,6 +341,30 @@ def test_checkpoints_publish_the_best_held_out_seed_only_when_its_weights_give_t
         assert not (zoo_checkpoints.CHECKPOINTS / 'recursive_sa_mlp_small.fashion_mnist').exists()
 
 
+def test_checkpoints_choose_among_every_committed_seed_and_refuse_when_the_best_ones_weights_are_not_here(
+        tmp_path, monkeypatch, capsys):
+    results, runs = tmp_path / 'results', tmp_path / 'runs'
+    monkeypatch.setattr(zoo_checkpoints, 'RESULTS', results)
+    monkeypatch.setattr(zoo_checkpoints, 'CHECKPOINTS', results / 'checkpoints')
+    for seed, held_out in enumerate((80.0, 81.0)):
+        (results / 'dsa_moe_small' / f'seed{seed}').mkdir(parents=True)
+        (results / 'dsa_moe_small' / f'seed{seed}' / 'summary.json').write_text(
+            json.dumps({'seed': seed, 'best': {'selection_top1': held_out}}))
+    published = results / 'checkpoints' / 'recursive_dsa_moe_small.fashion_mnist' / 'check.json'
+    published.parent.mkdir(parents=True)
+    published.write_text(json.dumps({'seed': 1}))
+    argv = ['--runs', str(runs), '--only', 'dsa_moe_small']
+    # seed 1, trained on another machine, is the best and the one published: nothing to do, no weights needed
+    assert zoo_checkpoints.main(argv) == 0
+    assert 'seed1 has the highest held-out top-1 and is the one published' in capsys.readouterr().out
+    # seed 0 published, seed 1 now best but its weights are not on this machine: said, not replaced by seed 0's
+    published.write_text(json.dumps({'seed': 0}))
+    assert zoo_checkpoints.main(argv) == 1
+    error = capsys.readouterr().err
+    assert f'seed1 has the highest held-out top-1, but its weights ({runs}/dsa_moe_small/seed1/model' in error
+    assert json.loads(published.read_text()) == {'seed': 0}
+
+
 def published_checks():
     return sorted(zoo_checkpoints.CHECKPOINTS.glob('*/check.json'))
 

@@ -3,9 +3,11 @@
 
     experiments/fashion_mnist_zoo/checkpoints.py [--runs runs/fashion_mnist_zoo] [--only CELL ...]
 
-For each recursive cell of the zoo (``recursive_*_small``), the seed with the highest held-out top-1 is the one
-published. Its exported weights (the epoch chosen on the held-out images, ``RUN/model/model.safetensors``) are
-loaded as a user loads a downloaded file::
+For each recursive cell of the zoo (``recursive_*_small``), the seed with the highest held-out top-1 among its
+committed records (``results/<cell>/seed<S>/``, every seed that landed, on whichever machine it trained) is the one
+published; a cell whose published checkpoint is already that seed's is left as it is. Its exported weights (the
+epoch chosen on the held-out images, ``RUNS/<cell>/seed<S>/model/model.safetensors``, which only the machine that
+trained it has) are loaded as a user loads a downloaded file::
 
     timm.create_model('recursive_dsa_moe_small.fashion_mnist', pretrained=True,
                       pretrained_cfg_overlay=dict(file='model.safetensors'))
@@ -39,7 +41,8 @@ from timm_recursive.train.losses import StepOutputs  # noqa: E402
 from tools.generated_markdown import import_file  # noqa: E402
 
 STUDY = pathlib.Path(__file__).resolve().parent
-CHECKPOINTS = STUDY / 'results' / 'checkpoints'
+RESULTS = STUDY / 'results'
+CHECKPOINTS = RESULTS / 'checkpoints'
 TEST_SLICE = CHECKPOINTS / 'fashion_mnist_test_slice'
 SLICE_IMAGES = 500
 ZOO_RUN = import_file(STUDY / 'run.py')
@@ -54,7 +57,8 @@ def recursive_cells() -> Dict[str, object]:
 
 
 def best_seed(cell_dir: pathlib.Path) -> pathlib.Path:
-    """The finished seed of a cell with the highest held-out top-1 (ties: the lowest seed)."""
+    """The folder of the finished seed in ``cell_dir`` (``seed<S>/summary.json``) with the highest held-out top-1
+    (ties: the lowest seed)."""
     summaries = sorted(cell_dir.glob('seed*/summary.json'), key=lambda path: int(path.parent.name[4:]))
     if not summaries:
         raise FileNotFoundError(f'{cell_dir} holds no finished run (no seed*/summary.json)')
@@ -101,8 +105,6 @@ def check_run(run_dir: pathlib.Path, name: str, splits) -> dict:
 
 def save_test_slice(splits) -> None:
     """The first ``SLICE_IMAGES`` test images and labels, as the dataset loader reads them."""
-    if TEST_SLICE.exists():
-        return
     partial = TEST_SLICE.with_name(TEST_SLICE.name + '.partial')
     shutil.rmtree(partial, ignore_errors=True)
     datasets.DatasetDict({'test': splits.eval.select(range(SLICE_IMAGES))}).save_to_disk(str(partial))
@@ -125,17 +127,32 @@ def main(argv=None) -> int:
     parser.add_argument('--runs', type=pathlib.Path, default=ROOT / 'runs' / 'fashion_mnist_zoo')
     parser.add_argument('--only', nargs='+', choices=sorted(recursive_cells()), help='cells (default: every one)')
     args = parser.parse_args(argv)
-    splits = resolve_dataset('fashion_mnist', eval_split='test')
     cells = {name: cell for name, cell in recursive_cells().items() if not args.only or name in args.only}
+    splits = None  # read only when a checkpoint is to be checked
+    missing = False
     for cell_name, cell in cells.items():
-        if not any((args.runs / cell_name).glob('seed*/summary.json')):
+        if not any((RESULTS / cell_name).glob('seed*/summary.json')):
             print(f'{cell_name}: no finished run yet')
             continue
-        run_dir = best_seed(args.runs / cell_name)
+        seed = best_seed(RESULTS / cell_name).name
+        published = CHECKPOINTS / cell.model / 'check.json'
+        if published.exists() and f'seed{json.loads(published.read_text())["seed"]}' == seed:
+            print(f'{cell_name}: {seed} has the highest held-out top-1 and is the one published')
+            continue
+        run_dir = args.runs / cell_name / seed
+        if not (run_dir / 'model' / 'model.safetensors').exists():
+            # the seed a session before this one trained: its weights went with that machine
+            print(f'{cell_name}: {seed} has the highest held-out top-1, but its weights '
+                  f'({run_dir / "model" / "model.safetensors"}) are not here; nothing published for {cell.model}',
+                  file=sys.stderr)
+            missing = True
+            continue
+        splits = splits or resolve_dataset('fashion_mnist', eval_split='test')
         folder = publish(run_dir, cell.model, splits)
         print(f'{cell_name}: {run_dir} checked and published in {folder.relative_to(ROOT)}')
-    save_test_slice(splits)
-    return 0
+    if not TEST_SLICE.exists():
+        save_test_slice(splits or resolve_dataset('fashion_mnist', eval_split='test'))
+    return 1 if missing else 0
 
 
 if __name__ == '__main__':
