@@ -45,7 +45,7 @@ def _model_name(item):
     return callspec.params.get('model_name') if callspec is not None else None
 
 
-def family(arch: str) -> str:
+def _family(arch: str) -> str:
     """``arch`` without its size: ``vit_small_entmax`` is ``vit_entmax``."""
     return '_'.join(word for word in arch.split('_') if word not in SIZE_WORDS)
 
@@ -68,7 +68,7 @@ def _in_suite(item) -> bool:
 def pytest_collection_modifyitems(config, items):
     """In timm's suite, keep the per-model tests parametrised with one of our models, marked slow (minutes in
     all: the fast tier leaves them out); deselect the rest."""
-    untested = {family(arch) for arch in OUR_MODELS} - {family(arch) for arch in ONE_SIZE_A_FAMILY}
+    untested = {_family(arch) for arch in OUR_MODELS} - {_family(arch) for arch in ONE_SIZE_A_FAMILY}
     if untested:
         raise pytest.UsageError(f'timm\'s suite runs no size of {sorted(untested)}: add one to ONE_SIZE_A_FAMILY')
     ours, others = [], []
