@@ -103,6 +103,13 @@ def test_the_zoo_table_reads_the_chosen_epochs_test_top1_and_the_exit_the_held_o
     # a model cost.py measured but not yet trained is listed as such; one neither trained nor measured is not
     assert '| MobileNetV3-Large | 0 | not trained yet | 4.20 | 6.8 | 70 |  |  |' in reader and 'ViT' not in reader
     assert zoo_tables.short(rows[1:]).startswith('not measured yet') and zoo_tables.short([]).startswith('not measured')
+    # a measured model with no run: its training time per image against the flagship's, whose runs' wall time is known
+    with_vit = {'models': {**cost['models'], 'vit_tiny_patch4': {'train_b128_images_per_s': 30.}}}
+    assert zoo_tables.untrained(rows, zoo_run.ZOO_CELLS, with_vit) == (
+        "Not trained yet (training time per image as a multiple of DSA-MoE (small)'s, whose runs took 2.0 h each on "
+        '1 thread): ViT-Ti, 4 px patches 4.0x')
+    assert zoo_tables.untrained(rows, zoo_run.ZOO_CELLS, cost) == 'Every model in the table has finished a run'
+    assert zoo_tables.untrained(rows[1:], zoo_run.ZOO_CELLS, cost).startswith('not measured yet')
     assert zoo_tables.target(rows) == (
         "DSA-MoE (small) 93.00% (86.65 to 99.35) test top-1 over 2 seeds: target 92.5%, the small CNN's (the source "
         'reports 92.3%; a stretch goal of 93.5%), reached so far (2 of 3 seeds)')

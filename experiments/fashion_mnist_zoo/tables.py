@@ -367,6 +367,25 @@ def reader_table(rows: List[dict], cells: Dict[str, object], cost: Optional[dict
                            'training images/s'], table)
 
 
+def untrained(rows: List[dict], cells: Dict[str, object], cost: Optional[dict],
+              flagship: str = 'dsa_moe_small') -> str:
+    """The models ``cost.py`` measured that have no finished run, each with its training time per image as a
+    multiple of the flagship's (``cost.py``'s training images/s) and the wall time the flagship's runs took, so that
+    a reader can tell what one run would take."""
+    found = {row['cell']: row for row in rows}
+    measured = (cost or {}).get('models', {})
+    if flagship not in found or 'train_b128_images_per_s' not in measured.get(flagship, {}):
+        return FLAGSHIP_NOT_TRAINED
+    speed = measured[flagship]['train_b128_images_per_s']
+    waiting = [f'{MODEL_NAMES[name]} {speed / measured[name]["train_b128_images_per_s"]:.1f}x' for name in cells
+               if name not in found and 'train_b128_images_per_s' in measured.get(name, {})]
+    if not waiting:
+        return 'Every model in the table has finished a run'
+    row = found[flagship]
+    return (f'Not trained yet (training time per image as a multiple of {MODEL_NAMES[flagship]}\'s, whose runs took '
+            f'{row["wall_h"]:.1f} h each on {_threads(row["threads"])}): ' + '; '.join(waiting))
+
+
 def against_others(rows: List[dict], flagship: str = 'dsa_moe_small') -> str:
     """The flagship's test top-1 minus each other model's (Welch's interval once both have two seeds or more, said
     to show no difference when it covers zero) and its multiply-adds as a multiple of theirs: one sentence a model,
@@ -453,7 +472,7 @@ def tables(results: pathlib.Path) -> Dict[str, str]:
             'curve_reading': curve_reading(results, run.ZOO_CELLS),
             'steps': steps_table(steps), 'steps_reading': steps_reading(steps),
             'zoo': zoo_table(rows) if rows else f'{NOT_TRAINED} (`run.py --only ZOO_CELL`)',
-            'reader_table': reader_table(rows, run.ZOO_CELLS, cost),
+            'reader_table': reader_table(rows, run.ZOO_CELLS, cost), 'untrained': untrained(rows, run.ZOO_CELLS, cost),
             'headline': headline(rows), 'short': short(rows), 'target': target(rows),
             'against_others': against_others(rows),
             'published': published_table(results),
