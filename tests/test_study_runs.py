@@ -3,6 +3,8 @@ import argparse
 import json
 import sys
 
+import pytest
+
 from tools import study_runs
 from tools.study_runs import Cell, Study
 
@@ -24,14 +26,18 @@ def _arguments(study, out, *argv):
     return parser.parse_args(list(argv))
 
 
-def test_each_run_trains_on_the_threads_asked_for_and_its_records_are_kept(tmp_path):
+def test_each_run_trains_on_the_threads_asked_for_and_its_records_are_kept(tmp_path, capsys):
     study = _study(tmp_path)
     assert study_runs.run_study(study, _arguments(study, tmp_path / 'runs', '--jobs', '1', '--threads', '2')) == 0
     for seed in (0, 1):
         kept = tmp_path / 'results' / 'toy' / f'seed{seed}' / 'summary.json'
         assert json.loads(kept.read_text()) == {'threads': 2}
-    # one thread a run unless asked
+    # one thread a run unless asked; no thread or job at all is refused by name
     assert study_runs.offline_env()['OMP_NUM_THREADS'] == '1'
+    for option in ('--threads', '--jobs'):
+        with pytest.raises(SystemExit):
+            _arguments(study, tmp_path / 'runs', option, '0')
+        assert f'argument {option}: must be at least 1, got 0' in capsys.readouterr().err
 
 
 def test_a_finished_run_is_skipped_and_a_failed_one_named(tmp_path, capsys):

@@ -14,6 +14,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from timm_recursive.cli.args import positive_int
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRAIN = ROOT / '.venv' / 'bin' / 'timm-recursive'
 RECORDS = ('summary.json', 'metrics.jsonl', 'args.json')
@@ -48,10 +50,8 @@ def train_command(cell: Cell, seed: int, output: pathlib.Path, recipe: Sequence[
     ``output`` inside the checkout is given relative to it (the command runs there), so records name no path
     outside the repository."""
     kwargs = ['--model-kwargs', *cell.kwargs] if cell.kwargs else []
-    output = pathlib.Path(output).resolve()
-    shown = _shown(output)
     return [str(TRAIN), 'train', '--model', cell.model, *kwargs, *recipe, *cell.train_args,
-            '--seeds', str(seed), '--output', str(shown), '--resume', '--no-progress']
+            '--seeds', str(seed), '--output', str(_shown(pathlib.Path(output).resolve())), '--resume', '--no-progress']
 
 
 def offline_env(threads: int = 1) -> Dict[str, str]:
@@ -115,10 +115,10 @@ def run_one(study: Study, cell: Cell, seed: int, out: pathlib.Path, commit_resul
 def add_arguments(parser: argparse.ArgumentParser, study: Study, default_out: pathlib.Path) -> None:
     """The options every study's run.py takes: where runs go, how many at once, which cells and seeds, commits."""
     parser.add_argument('--out', type=pathlib.Path, default=default_out)
-    parser.add_argument('--jobs', type=int, default=2, help='trainings at once')
+    parser.add_argument('--jobs', type=positive_int, default=2, help='trainings at once')
     # two runs of one thread train more images an hour on two cores; one run of two threads finishes sooner
     # (a run's summary.json records its threads)
-    parser.add_argument('--threads', type=int, default=1, help='intra-op threads per training')
+    parser.add_argument('--threads', type=positive_int, default=1, help='intra-op threads per training')
     parser.add_argument('--only', nargs='+', choices=sorted(study.cells), metavar='CELL', help='these cells only')
     parser.add_argument('--seeds', type=int, nargs='+', help='these seeds only (of each cell\'s)')
     parser.add_argument('--commit', action='store_true', help='commit each finished run\'s records as it lands')
