@@ -141,7 +141,7 @@ def main(argv=None) -> int:
             continue
         run_dir = args.runs / cell_name / seed
         if not (run_dir / 'model' / 'model.safetensors').exists():
-            # the seed a session before this one trained: its weights went with that machine
+            # a seed trained on another machine: its weights stayed there
             print(f'{cell_name}: {seed} has the highest held-out top-1, but its weights '
                   f'({run_dir / "model" / "model.safetensors"}) are not here; nothing published for {cell.model}',
                   file=sys.stderr)
